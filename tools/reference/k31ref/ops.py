@@ -198,7 +198,7 @@ def mla_attention(q_nope, q_pe, c, k_pe, W_UK, W_UV, allowed, scale):
     """
     k_nope = torch.einsum("hnl,sl->shn", W_UK, c)
     vv = torch.einsum("hvl,sl->shv", W_UV, c)
-    logits = (torch.einsum("thn,shn->ths", q_nope, k_nope) + torch.einsum("thr,sr->ts", q_pe, k_pe)[:, None, :]) * scale
+    logits = (torch.einsum("thn,shn->ths", q_nope, k_nope) + torch.einsum("thr,sr->ths", q_pe, k_pe)) * scale
     logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
     p = torch.softmax(logits, dim=-1)
     o = torch.einsum("ths,shv->thv", p, vv)
@@ -208,7 +208,7 @@ def mla_attention(q_nope, q_pe, c, k_pe, W_UK, W_UV, allowed, scale):
 def mla_attention_absorbed(q_nope, q_pe, c, k_pe, W_UK, W_UV, allowed, scale):
     """Absorbed form (section 5.4): q~ = W_UK^T q_nope, attention over the 576-wide cache rows."""
     qt = torch.einsum("hnl,thn->thl", W_UK, q_nope)
-    logits = (torch.einsum("thl,sl->ths", qt, c) + torch.einsum("thr,sr->ts", q_pe, k_pe)[:, None, :]) * scale
+    logits = (torch.einsum("thl,sl->ths", qt, c) + torch.einsum("thr,sr->ths", q_pe, k_pe)) * scale
     logits = logits.masked_fill(~allowed[:, None, :], float("-inf"))
     p = torch.softmax(logits, dim=-1)
     ol = torch.einsum("ths,sl->thl", p, c)

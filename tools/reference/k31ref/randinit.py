@@ -126,8 +126,12 @@ def random_k31_weights(text_config: dict, seed: int) -> dict:
                 put(a + f"{nm}_conv1d.weight", r.normal(P, 1, Wc, std=1.0 / math.sqrt(Wc)), F32)
             put(a + "f_a_proj.weight", r.proj(K, d))
             put(a + "f_b_proj.weight", r.proj(P, K, gain=0.5))
-            dt = torch.exp(r.uniform(P, a=math.log(1e-3), b=math.log(0.1)))
-            put(a + "dt_bias", inverse_softplus(dt), F32)
+            if cfg.gate_lower_bound is not None:
+                # bounded gate: L*sigmoid(A*(f+dt_bias)); spread A*z around 0 so exp(g) covers (e^L, 1)
+                put(a + "dt_bias", r.uniform(P, a=-2.0, b=0.0), F32)
+            else:
+                dt = torch.exp(r.uniform(P, a=math.log(1e-3), b=math.log(0.1)))
+                put(a + "dt_bias", inverse_softplus(dt), F32)
             put(a + "A_log", torch.log(r.uniform(H, a=1.0, b=16.0)), F32)
             put(a + "b_proj.weight", r.proj(H, d))
             if cfg.full_rank_gate:
