@@ -126,8 +126,10 @@ def main():
         res["greedy_logits"] = torch.stack(glog, 0).float()
     res = {k: v.contiguous() for k, v in res.items()}
     save_file(res, str(out / "hf_outputs.safetensors"),
-              metadata={"transformers": transformers.__version__, "torch": torch.__version__.split("+")[0],
-                        "prefill": str(PREFILL), "seq_len": str(SEQ_LEN)})
+              # one metadata key: safetensors writes multi-key metadata in hash order (not reproducible)
+              metadata={"info": json.dumps({"transformers": transformers.__version__,
+                                            "torch": torch.__version__.split("+")[0], "prefill": PREFILL,
+                                            "seq_len": SEQ_LEN}, sort_keys=True)})
     print(json.dumps({"ok": True, "transformers": transformers.__version__}))
 
 

@@ -292,8 +292,9 @@ class Model:
             outs.append(self.forward(ids[t : t + 1], cache))
         return torch.cat(outs, 0)
 
-    def greedy(self, prompt, n_new: int):
-        """Greedy continuation (argmax, ties -> lowest id) via prefill + decode; returns (tokens, logits rows)."""
+    def greedy(self, prompt, n_new: int, records: list | None = None):
+        """Greedy continuation (argmax, ties -> lowest id) via prefill + decode; returns (tokens, logits rows).
+        With `records` (a list), the intermediates of each decode step are appended to it."""
         cache = self.new_cache()
         logits = self.forward(torch.as_tensor(prompt), cache)[-1:]
         toks, rows = [], []
@@ -302,5 +303,8 @@ class Model:
             t = int(torch.argmax(logits[0]))
             toks.append(t)
             if i + 1 < n_new:
-                logits = self.forward(torch.tensor([t]), cache)
+                rec = {} if records is not None else None
+                logits = self.forward(torch.tensor([t]), cache, rec)
+                if records is not None:
+                    records.append(rec)
         return toks, torch.stack(rows, 0)
