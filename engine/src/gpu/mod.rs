@@ -1,0 +1,202 @@
+//! The GPU runtime: adapter choice, device, tensors split across bindings, the pipeline
+//! cache and the timestamp profiler. Nothing model-specific lives here.
+
+pub mod adapter;
+pub mod pipelines;
+pub mod profiler;
+pub mod tensor;
+
+pub use adapter::{AdapterSummary, ADAPTER_ENV};
+pub use pipelines::{Kernel, PipelineCache};
+pub use profiler::{OpTime, Profiler};
+pub use tensor::{GpuTensor, TensorChunk};
+
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error(
+        "no usable GPU adapter was found (Vulkan, Metal, DX12 or GL). Install your GPU vendor's driver \
+         (Vulkan on Linux/Windows, Metal on macOS, DX12 on Windows); on a Linux machine without a GPU \
+         install Mesa's software Vulkan: `apt-get install mesa-vulkan-drivers libvulkan1`. If WGPU_BACKEND \
+         is set, check that it names a backend this machine has."
+    )]
+    NoAdapter,
+    #[error("no adapter matches `{selector}` (from --adapter or K31_ADAPTER); available: {available}")]
+    AdapterNotFound { selector: String, available: String },
+    #[error("the adapter `{adapter}` refused a device: {source}")]
+    RequestDevice { adapter: String, source: wgpu::RequestDeviceError },
+    #[error("GPU readback failed: {0}")]
+    Readback(String),
+    #[error("{what} needs {needed} bytes in one buffer but the adapter allows {limit}")]
+    TooLarge { what: String, needed: u64, limit: u64 },
+    #[error("shader `{shader}` has no entry point `{entry}` or failed to build: {reason}")]
+    Pipeline { shader: String, entry: String, reason: String },
+    #[error("{0}")]
+    Shape(String),
+}
+
+/// Device capabilities the kernels choose variants by.
+#[derive(Clone, Debug)]
+pub struct Capabilities {
+    pub f16: bool,
+    pub subgroups: bool,
+    pub timestamps: bool,
+    pub subgroup_min: u32,
+    pub subgroup_max: u32,
+    /// Largest byte range one storage binding may cover.
+    pub max_binding: u64,
+    pub max_buffer: u64,
+    pub max_workgroups_per_dim: u32,
+    pub max_workgroup_storage: u32,
+    pub max_invocations: u32,
+    pub storage_offset_alignment: u32,
+}
+
+/// An opened device with everything kernels need to run.
+pub struct Gpu {
+    pub adapter: wgpu::Adapter,
+    pub info: wgpu::AdapterInfo,
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub caps: Capabilities,
+    pub pipelines: PipelineCache,
+}
+
+/// Lists every adapter in preference order.
+pub fn list_adapters() -> Vec<AdapterSummary> {
+    let instance = adapter::instance();
+    adapter::ranked(&instance).iter().enumerate().map(|(i, a)| adapter::summarize(i, a)).collect()
+}
+
+impl Gpu {
+    /// Opens the adapter chosen by `selector` (index or name part), `K31_ADAPTER`, or the
+    /// best one, with its real limits and the optional features that help.
+    pub fn open(selector: Option<&str>) -> Result<Arc<Gpu>, GpuError> {
+        let instance = adapter::instance();
+        let adapter = adapter::choose(&instance, selector)?;
+        let info = adapter.get_info();
+        let want = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        let features = adapter.features() & want;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("k31"),
+            required_features: features,
+            required_limits: limits.clone(),
+            ..Default::default()
+        }))
+        .map_err(|source| GpuError::RequestDevice { adapter: info.name.clone(), source })?;
+        let caps = Capabilities {
+            f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            subgroup_min: info.subgroup_min_size,
+            subgroup_max: info.subgroup_max_size,
+            max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size),
+            max_buffer: limits.max_buffer_size,
+            max_workgroups_per_dim: limits.max_compute_workgroups_per_dimension,
+            max_workgroup_storage: limits.max_compute_workgroup_storage_size,
+            max_invocations: limits.max_compute_invocations_per_workgroup,
+            storage_offset_alignment: limits.min_storage_buffer_offset_alignment,
+        };
+        let pipelines = PipelineCache::default();
+        Ok(Arc::new(Gpu { adapter, info, device, queue, caps, pipelines }))
+    }
+
+    /// One line naming the adapter, for logs and test output.
+    pub fn describe(&self) -> String {
+        format!("{} ({:?}, {:?}, driver {})", self.info.name, self.info.backend, self.info.device_type, self.info.driver_info)
+    }
+
+    /// A storage buffer holding `data`, usable as kernel input or output.
+    pub fn storage_from<T: bytemuck::Pod>(&self, label: &str, data: &[T]) -> wgpu::Buffer {
+        use wgpu::util::DeviceExt;
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        // wgpu rejects zero-sized bindings; keep one word so empty inputs still bind.
+        let padded;
+        let contents = if bytes.len() % 4 != 0 || bytes.is_empty() {
+            let mut v = bytes.to_vec();
+            v.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
+            padded = v;
+            &padded[..]
+        } else {
+            bytes
+        };
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        })
+    }
+
+    /// An uninitialised (zeroed) storage buffer of `bytes` bytes.
+    pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.div_ceil(4).max(1) * 4,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A uniform buffer holding one parameter struct.
+    pub fn uniform<T: bytemuck::Pod>(&self, label: &str, params: &T) -> wgpu::Buffer {
+        use wgpu::util::DeviceExt;
+        self.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents: bytemuck::bytes_of(params),
+            usage: wgpu::BufferUsages::UNIFORM,
+        })
+    }
+
+    /// Copies `bytes` bytes of `buffer` (from `offset`) back to the host.
+    pub fn read_bytes(&self, buffer: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>, GpuError> {
+        let size = bytes.div_ceil(4) * 4;
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map_err(|e| GpuError::Readback(e.to_string()))?;
+        rx.recv()
+            .map_err(|e| GpuError::Readback(e.to_string()))?
+            .map_err(|e| GpuError::Readback(e.to_string()))?;
+        let view = staging.slice(..).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
+        let mut out = view.to_vec();
+        drop(view);
+        staging.unmap();
+        out.truncate(bytes as usize);
+        Ok(out)
+    }
+
+    /// Reads `count` values of `T` from the start of `buffer`.
+    pub fn read<T: bytemuck::Pod>(&self, buffer: &wgpu::Buffer, count: usize) -> Result<Vec<T>, GpuError> {
+        let bytes = self.read_bytes(buffer, 0, (count * std::mem::size_of::<T>()) as u64)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Waits until all submitted work has finished.
+    pub fn wait(&self) -> Result<(), GpuError> {
+        self.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| GpuError::Readback(e.to_string()))
+    }
+
+    /// Splits a 1-D workgroup count into a grid that respects the per-dimension limit.
+    pub fn grid(&self, groups: u32) -> (u32, u32) {
+        let max = self.caps.max_workgroups_per_dim.max(1);
+        if groups <= max { (groups.max(1), 1) } else { (max, groups.div_ceil(max)) }
+    }
+}

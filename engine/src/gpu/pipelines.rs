@@ -1,0 +1,75 @@
+//! Compute pipelines built from the WGSL files in `shaders/` (embedded at compile time),
+//! one per named kernel variant, created once and cached.
+
+use super::{Gpu, GpuError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// One kernel variant: a shader file, an entry point and the override constants that
+/// specialise it. `name` labels the pipeline, its errors and its profiler row.
+#[derive(Clone, Copy, Debug)]
+pub struct Kernel {
+    pub name: &'static str,
+    pub shader: &'static str,
+    pub entry: &'static str,
+    pub constants: &'static [(&'static str, f64)],
+    /// Device features the variant needs (checked before building it).
+    pub needs_subgroups: bool,
+    pub needs_f16: bool,
+}
+
+impl Kernel {
+    pub const fn new(name: &'static str, shader: &'static str, entry: &'static str) -> Kernel {
+        Kernel { name, shader, entry, constants: &[], needs_subgroups: false, needs_f16: false }
+    }
+    pub const fn with_constants(mut self, constants: &'static [(&'static str, f64)]) -> Kernel {
+        self.constants = constants;
+        self
+    }
+    pub const fn subgroups(mut self) -> Kernel {
+        self.needs_subgroups = true;
+        self
+    }
+    pub const fn f16(mut self) -> Kernel {
+        self.needs_f16 = true;
+        self
+    }
+}
+
+#[derive(Default)]
+pub struct PipelineCache {
+    built: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+}
+
+impl PipelineCache {
+    pub fn get(&self, gpu: &Gpu, k: &Kernel) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
+        let mut built = self.built.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = built.get(k.name) {
+            return Ok(p.clone());
+        }
+        let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
+        if (k.needs_subgroups && !gpu.caps.subgroups) || (k.needs_f16 && !gpu.caps.f16) {
+            return Err(fail(format!("kernel {} needs a feature this adapter lacks", k.name)));
+        }
+        let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(k.shader),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
+        });
+        let pipeline = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(k.name),
+            layout: None,
+            module: &module,
+            entry_point: Some(k.entry),
+            compilation_options: wgpu::PipelineCompilationOptions { constants: k.constants, ..Default::default() },
+            cache: None,
+        });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            return Err(fail(err.to_string()));
+        }
+        let p = Arc::new(pipeline);
+        built.insert(k.name, p.clone());
+        Ok(p)
+    }
+}

@@ -1,0 +1,107 @@
+//! GPU timestamp profiler: each labelled op runs in its own compute pass whose begin and
+//! end timestamps are written to a query set; `collect` attributes the time to labels.
+//! On adapters without TIMESTAMP_QUERY it records nothing and says so.
+
+use super::{Gpu, GpuError};
+use std::collections::BTreeMap;
+
+/// Accumulated GPU time of one label.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct OpTime {
+    pub label: String,
+    pub count: u64,
+    pub total_ns: f64,
+}
+
+pub struct Profiler {
+    queries: Option<(wgpu::QuerySet, wgpu::Buffer)>,
+    capacity: u32,
+    pending: Vec<String>,
+    period_ns: f64,
+    totals: BTreeMap<String, OpTime>,
+    /// Passes that found the query set full (their time is not attributed).
+    pub dropped: u64,
+}
+
+impl Profiler {
+    /// A profiler that can time up to `capacity` passes between two `collect` calls.
+    pub fn new(gpu: &Gpu, capacity: u32) -> Profiler {
+        let queries = gpu.caps.timestamps.then(|| {
+            let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("k31 profiler"),
+                ty: wgpu::QueryType::Timestamp,
+                count: capacity * 2,
+            });
+            let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("k31 profiler resolve"),
+                size: capacity as u64 * 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            (set, resolve)
+        });
+        Profiler {
+            queries,
+            capacity,
+            pending: Vec::new(),
+            period_ns: gpu.queue.get_timestamp_period() as f64,
+            totals: BTreeMap::new(),
+            dropped: 0,
+        }
+    }
+
+    pub fn enabled(&self) -> bool {
+        self.queries.is_some()
+    }
+
+    /// Timestamp writes for the next pass, attributed to `label`.
+    pub fn pass(&mut self, label: &str) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        let (set, _) = self.queries.as_ref()?;
+        let i = self.pending.len() as u32;
+        if i >= self.capacity {
+            self.dropped += 1;
+            return None;
+        }
+        self.pending.push(label.to_string());
+        Some(wgpu::ComputePassTimestampWrites {
+            query_set: set,
+            beginning_of_pass_write_index: Some(2 * i),
+            end_of_pass_write_index: Some(2 * i + 1),
+        })
+    }
+
+    /// Reads back the timestamps of all passes submitted since the last call (waits for
+    /// the GPU) and adds them to the per-label totals.
+    pub fn collect(&mut self, gpu: &Gpu) -> Result<(), GpuError> {
+        let Some((set, resolve)) = &self.queries else { return Ok(()) };
+        let n = self.pending.len() as u32;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        enc.resolve_query_set(set, 0..2 * n, resolve, 0);
+        gpu.queue.submit([enc.finish()]);
+        let raw: Vec<u64> = gpu.read(resolve, 2 * n as usize)?;
+        for (i, label) in self.pending.drain(..).enumerate() {
+            let (a, b) = (raw[2 * i], raw[2 * i + 1]);
+            let ns = b.saturating_sub(a) as f64 * self.period_ns;
+            let e = self.totals.entry(label.clone()).or_insert_with(|| OpTime { label, ..Default::default() });
+            e.count += 1;
+            e.total_ns += ns;
+        }
+        Ok(())
+    }
+
+    /// Totals per label, largest first.
+    pub fn report(&self) -> Vec<OpTime> {
+        let mut v: Vec<OpTime> = self.totals.values().cloned().collect();
+        v.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
+        v
+    }
+
+    pub fn reset(&mut self) {
+        self.totals.clear();
+        self.pending.clear();
+        self.dropped = 0;
+    }
+}

@@ -1,0 +1,17 @@
+#![recursion_limit = "256"]
+//! k31-engine: everything that computes. See docs/architecture.md for the data flow.
+//!
+//! config.json -> [`config::ModelConfig`] -> [`layout`] (the tensors it implies)
+//! *.safetensors -> [`checkpoint::Checkpoint`] (mapped, validated before any upload)
+//! [`gpu`] (adapter, device, split tensors, pipelines, profiler) runs the [`ops`], each
+//! checked against its CPU twin in [`reference`].
+
+pub mod checkpoint;
+pub mod config;
+pub mod gpu;
+pub mod init;
+pub mod layout;
+pub mod ops;
+pub mod plan;
+pub mod reference;
+pub mod shaders;

@@ -1,0 +1,55 @@
+//! Host side of the kernels: one module per shader file (pipelines, bind groups,
+//! dispatch sizes, host-checked preconditions). Each op has a CPU twin in `reference`.
+
+pub mod gemv;
+
+use crate::gpu::Kernel;
+
+/// A kernel parameter struct defined once in Rust and mirrored by a WGSL struct of the same
+/// name; a test compares size and field offsets through naga.
+pub trait ShaderParams: bytemuck::Pod {
+    const SHADER: &'static str;
+    const NAME: &'static str;
+    fn fields() -> Vec<(&'static str, usize)>;
+}
+
+/// Layout of one parameter struct, for the layout test.
+#[derive(Debug, Clone)]
+pub struct ParamsLayout {
+    pub shader: &'static str,
+    pub name: &'static str,
+    pub size: usize,
+    pub fields: Vec<(&'static str, usize)>,
+}
+
+fn layout_of<T: ShaderParams>() -> ParamsLayout {
+    ParamsLayout { shader: T::SHADER, name: T::NAME, size: std::mem::size_of::<T>(), fields: T::fields() }
+}
+
+/// Declares a `#[repr(C)]` parameter struct and its [`ShaderParams`] impl.
+macro_rules! shader_params {
+    ($(#[$m:meta])* $name:ident in $shader:literal { $($field:ident : $ty:ty),* $(,)? }) => {
+        $(#[$m])*
+        #[repr(C)]
+        #[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+        pub struct $name { $(pub $field: $ty),* }
+        impl $crate::ops::ShaderParams for $name {
+            const SHADER: &'static str = $shader;
+            const NAME: &'static str = stringify!($name);
+            fn fields() -> Vec<(&'static str, usize)> {
+                vec![$((stringify!($field), std::mem::offset_of!($name, $field))),*]
+            }
+        }
+    };
+}
+pub(crate) use shader_params;
+
+/// Every parameter struct shared with a shader.
+pub fn all_params() -> Vec<ParamsLayout> {
+    vec![layout_of::<gemv::GemvParams>()]
+}
+
+/// Every kernel variant the engine can build: the table the portability test expands.
+pub fn all_kernels() -> Vec<Kernel> {
+    gemv::KERNELS.to_vec()
+}
