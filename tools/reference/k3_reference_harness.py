@@ -226,6 +226,25 @@ def main():
     res["K3 router: max |weight diff| vs KimiMoEGate (abs)"] = worst["router_w"]
     res["K3 router: tokens with a different expert set (count)"] = float(route_mismatch)
 
+    # ------------------------------------------------------------- the committed K3.1 tiny golden, dense prefix
+    gdir = HERE.parents[1] / "tests" / "golden" / "k31_tiny"
+    if (gdir / "outputs.safetensors").exists():
+        from safetensors.torch import load_file
+        gtc = json.loads((gdir / "model" / "config.json").read_text())["text_config"]
+        topk = gtc["index_topk"]
+        gtc = {k: v for k, v in gtc.items() if not k.startswith("index_")}
+        gcfg = Cfg(**{k: v for k, v in gtc.items() if k not in ("architectures", "model_type", "quantization_config")})
+        gm = ref.KimiLinearForCausalLM(gcfg).float().eval()
+        gm.config._attn_implementation = "eager"
+        gw = {k: v.to(torch.float32) for k, v in load_weights(gdir / "model").items() if ".indexer." not in k}
+        missing, unexpected = gm.load_state_dict(gw, strict=False)
+        assert not missing and not unexpected, (missing, unexpected)
+        gold = load_file(str(gdir / "outputs.safetensors"))
+        with torch.no_grad():
+            h = gm(input_ids=gold["input_ids"][None, :topk], use_cache=False).hidden_states[0]
+        res["golden k31_tiny logits rows < index_topk (DSA selects all = dense) vs K3 reference"] = rel(
+            h @ gm.lm_head.weight.t(), gold["logits_full"][:topk])
+
     # ------------------------------------------------------------- AttnRes operator, 2..9 sources
     g = torch.Generator().manual_seed(11)
     d = 256

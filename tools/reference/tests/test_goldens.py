@@ -120,7 +120,7 @@ def test_k31_tiny_golden_f32(measure):
     out = load_file(str(GOLD / "k31_tiny" / "outputs.safetensors"))
     m = Model.load(GOLD / "k31_tiny" / "model", dtype=torch.float32)
     full = m.logits_full(out["input_ids"])
-    measure("k31_tiny golden: k31ref f32 full logits vs f64 golden", rel_err(full, out["logits_full"]), 1e-5)
+    measure("k31_tiny golden: k31ref f32 full logits vs f64 golden", rel_err(full, out["logits_full"]), 5e-5)
     measure("k31_tiny golden: incremental (prefill 20) vs full, both golden",
             rel_err(out["logits_incremental"], out["logits_full"]), 1e-6)
     measure("k31_tiny golden: decode-only vs full, both golden",
