@@ -191,6 +191,8 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<u32>,
     pub pad_token_id: Option<u32>,
+    /// Harmless oddities found while parsing, shown by `k31 inspect`.
+    pub notes: Vec<String>,
 }
 
 /// What is wrong with a config, always naming the key.
@@ -481,12 +483,20 @@ fn parse_text(k: &Keys, architecture: Architecture, outer: &Keys) -> Result<Mode
             None => outer.token_id(key),
         }
     };
-    let (bos_token_id, eos_token_id, pad_token_id) = (id("bos_token_id")?, id("eos_token_id")?, id("pad_token_id")?);
-    for (name, v) in [("bos_token_id", bos_token_id), ("eos_token_id", eos_token_id), ("pad_token_id", pad_token_id)] {
-        if let Some(v) = v.filter(|&v| v as usize >= vocab_size) {
-            return Err(k.invalid(name, format!("id {v} is outside the vocabulary of {vocab_size}")));
-        }
-    }
+    // Small test models often keep the full model's special ids; an id the vocabulary
+    // cannot hold is dropped with a note instead of being used.
+    let mut notes = Vec::new();
+    let mut special = |key: &str| -> Result<Option<u32>> {
+        Ok(id(key)?.filter(|&v| {
+            let ok = (v as usize) < vocab_size;
+            if !ok {
+                notes.push(format!("{key} {v} is outside the vocabulary of {vocab_size} and is ignored"));
+            }
+            ok
+        }))
+    };
+    let (bos_token_id, eos_token_id, pad_token_id) =
+        (special("bos_token_id")?, special("eos_token_id")?, special("pad_token_id")?);
 
     Ok(ModelConfig {
         architecture,
@@ -506,6 +516,7 @@ fn parse_text(k: &Keys, architecture: Architecture, outer: &Keys) -> Result<Mode
         bos_token_id,
         eos_token_id,
         pad_token_id,
+        notes,
     })
 }
 

@@ -238,6 +238,9 @@ impl Report {
             human_bytes(m.workspace_bytes),
             human_bytes(m.total_bytes)
         );
+        for n in &c.notes {
+            let _ = writeln!(s, "note           {n}");
+        }
         s
     }
 }

@@ -5,6 +5,7 @@ use super::{Gpu, GpuError};
 use crate::layout::DType;
 
 /// One buffer holding rows `first_row .. first_row + rows` of a tensor.
+#[derive(Debug)]
 pub struct TensorChunk {
     pub buffer: wgpu::Buffer,
     pub first_row: usize,
@@ -12,6 +13,7 @@ pub struct TensorChunk {
 }
 
 /// A tensor on the GPU in its checkpoint dtype, `[rows, ...]` split into chunks.
+#[derive(Debug)]
 pub struct GpuTensor {
     pub label: String,
     pub dtype: DType,
