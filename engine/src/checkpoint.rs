@@ -36,6 +36,8 @@ pub struct TensorView<'a> {
 struct Entry {
     shard: usize,
     dtype: DType,
+    /// The file's own name for the dtype (shown in errors, also for dtypes k31 never uses).
+    dtype_name: String,
     shape: Vec<usize>,
     /// Byte range within the shard's mapping.
     start: usize,
@@ -100,6 +102,7 @@ impl Checkpoint {
                 let e = Entry {
                     shard: si,
                     dtype: convert_dtype(view.dtype()),
+                    dtype_name: format!("{:?}", view.dtype()).to_lowercase(),
                     shape: view.shape().to_vec(),
                     start,
                     end: start + data.len(),
@@ -144,7 +147,7 @@ impl Checkpoint {
             if !spec.dtype.accepts(e.dtype) {
                 problems.push(format!(
                     "tensor `{found}` has dtype {} but must be {}",
-                    e.dtype.name(),
+                    e.dtype_name,
                     spec.dtype.describe()
                 ));
             }
