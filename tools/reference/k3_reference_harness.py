@@ -12,7 +12,8 @@ of this repository; fetch it yourself (see README). What running it on a CPU tak
     is still checked against code this project did not write; without that file the test is skipped;
   * fla's Triton `chunk_kda` and `ShortConvolution` do not run on CPU: they are replaced by fla's own
     `naive_recurrent_kda` + `naive_kda_lowerbound_gate` / `naive_kda_gate`, and torch's depthwise conv1d + SiLU;
-  * attention is switched to eager after construction, and a plain additive causal mask is supplied.
+  * attention is switched to eager after construction, and a plain additive causal mask is supplied (its
+    create_causal_mask call passes `input_embeds` and `cache_position`; transformers 5.24 accepts neither).
 Prints one JSON object {measurement name: relative error}.
 """
 import importlib.util
