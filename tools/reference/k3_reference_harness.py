@@ -227,6 +227,25 @@ def main():
     res["K3 router: max |weight diff| vs KimiMoEGate (abs)"] = worst["router_w"]
     res["K3 router: tokens with a different expert set (count)"] = float(route_mismatch)
 
+    # ------------------------------------------------------------- K3 code with Kimi-Linear-style KDA gates
+    tc2 = json.loads(json.dumps(tc))
+    tc2["linear_attn_config"].pop("gate_lower_bound")
+    tc2["linear_attn_config"]["use_full_rank_gate"] = False
+    w2 = randinit.random_k31_weights(tc2, seed=78)
+    with tempfile.TemporaryDirectory() as d:
+        randinit.save_k31_checkpoint(d, tc2, w2)
+        ours2 = Model.load(d, dtype=torch.float64)
+        dense2 = load_weights(Path(d))
+    cfg2 = Cfg(**{k: v for k, v in tc2.items() if k not in ("architectures", "model_type", "quantization_config")})
+    model2 = ref.KimiLinearForCausalLM(cfg2).float().eval()
+    model2.config._attn_implementation = "eager"
+    missing, unexpected = model2.load_state_dict({k: v.to(torch.float32) for k, v in dense2.items()}, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    with torch.no_grad():
+        h2 = model2(input_ids=ids[None], use_cache=False).hidden_states[0]
+    res["K3 code with softplus gate + low-rank g_a/g_b (tiny, no DSA): logits"] = rel(
+        ours2.forward(ids), h2 @ model2.lm_head.weight.t())
+
     # ------------------------------------------------------------- the committed K3.1 tiny golden, dense prefix
     gdir = HERE.parents[1] / "tests" / "golden" / "k31_tiny"
     if (gdir / "outputs.safetensors").exists():
