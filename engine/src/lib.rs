@@ -6,10 +6,12 @@
 //! [`gpu`] (adapter, device, split tensors, pipelines, profiler) runs the [`ops`], each
 //! checked against its CPU twin in [`reference`].
 
+pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod gpu;
 pub mod init;
+pub mod layers;
 pub mod layout;
 pub mod ops;
 pub mod plan;

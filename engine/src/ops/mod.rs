@@ -1,7 +1,11 @@
 //! Host side of the kernels: one module per shader file (pipelines, bind groups,
 //! dispatch sizes, host-checked preconditions). Each op has a CPU twin in `reference`.
 
+pub mod copy;
+pub mod dsa;
 pub mod gemv;
+pub mod kda;
+pub mod moe;
 
 use crate::gpu::Kernel;
 
@@ -22,7 +26,7 @@ pub struct ParamsLayout {
     pub fields: Vec<(&'static str, usize)>,
 }
 
-fn layout_of<T: ShaderParams>() -> ParamsLayout {
+pub(crate) fn layout_of<T: ShaderParams>() -> ParamsLayout {
     ParamsLayout { shader: T::SHADER, name: T::NAME, size: std::mem::size_of::<T>(), fields: T::fields() }
 }
 
@@ -46,10 +50,14 @@ pub(crate) use shader_params;
 
 /// Every parameter struct shared with a shader.
 pub fn all_params() -> Vec<ParamsLayout> {
-    vec![layout_of::<gemv::GemvParams>()]
+    let mut v = vec![layout_of::<copy::CopyParams>(), layout_of::<gemv::GemvParams>()];
+    v.extend(kda::params());
+    v.extend(dsa::params());
+    v.extend(moe::params());
+    v
 }
 
 /// Every kernel variant the engine can build: the table the portability test expands.
 pub fn all_kernels() -> Vec<Kernel> {
-    gemv::KERNELS.to_vec()
+    [copy::KERNELS, gemv::KERNELS, kda::KERNELS, dsa::KERNELS, moe::KERNELS].concat()
 }

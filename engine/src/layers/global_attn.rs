@@ -1,0 +1,1 @@
+//! The global_attn layer (being written: see the open issue).

@@ -1,0 +1,1 @@
+//! The kda layer (being written: see the open issue).

@@ -1,0 +1,1 @@
+//! The moe layer (being written: see the open issue).

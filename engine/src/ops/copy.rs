@@ -1,0 +1,46 @@
+//! Buffer copy through a compute shader: the bandwidth ceiling of memory-bound kernels.
+
+use super::shader_params;
+use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
+
+shader_params!(
+    /// Mirrors `CopyParams` in shaders/copy.wgsl.
+    CopyParams in "copy" { words4: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
+);
+
+pub const COPY_VEC4: Kernel = Kernel::new("copy_vec4", "copy", "copy_vec4");
+pub const KERNELS: &[Kernel] = &[COPY_VEC4];
+
+/// Records a copy of `bytes` (a multiple of 16) from `src` to `dst`.
+pub fn copy(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    bytes: u64,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    if bytes % 16 != 0 || src.size() < bytes || dst.size() < bytes || bytes > gpu.caps.max_binding {
+        return Err(GpuError::Shape(format!("copy of {bytes} bytes: needs a multiple of 16 within both buffers and one binding")));
+    }
+    let pipeline = gpu.pipelines.get(gpu, &COPY_VEC4)?;
+    let uniform = gpu.uniform("copy params", &CopyParams { words4: (bytes / 16) as u32, ..Default::default() });
+    let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(COPY_VEC4.name),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: src.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 2, resource: dst.as_entire_binding() },
+        ],
+    });
+    let timestamp_writes = profiler.and_then(|p| p.pass(COPY_VEC4.name));
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(COPY_VEC4.name), timestamp_writes });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind, &[]);
+    // Enough workgroups to saturate memory; each thread strides over the rest.
+    let groups = ((bytes / 16).div_ceil(256) as u32).min(65535 * 4);
+    let (gx, gy) = gpu.grid(groups);
+    pass.dispatch_workgroups(gx, gy, 1);
+    Ok(())
+}
