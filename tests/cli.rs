@@ -1,0 +1,116 @@
+//! The `k31` binary end to end: inspect, init, devices, and clear errors (never a panic).
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn k31(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_k31")).args(args).output().expect("running k31")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+const K31_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/models/configs/kimi-k3.1-pro.json");
+
+/// A failed run must exit 1 with an `error:` line and no panic.
+fn assert_clean_failure(o: &Output, needle: &str) {
+    let err = stderr(o);
+    assert_eq!(o.status.code(), Some(1), "exit status; stderr:\n{err}");
+    assert!(err.contains("error:"), "{err}");
+    assert!(!err.contains("panicked"), "panic instead of an error:\n{err}");
+    assert!(err.contains(needle), "stderr lacks `{needle}`:\n{err}");
+}
+
+#[test]
+fn inspect_full_k31_config() {
+    let o = k31(&["inspect", K31_CONFIG]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("93 (69 KDA, 24 global"), "{out}");
+    assert!(out.contains("33,792 B per token"), "{out}");
+    assert!(out.contains("top-2048"), "{out}");
+    assert!(out.contains("414.0 MiB recurrent"), "{out}");
+
+    let o = k31(&["inspect", K31_CONFIG, "--json", "--context", "1048576"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("inspect --json prints JSON");
+    assert_eq!(v["layers"], 93);
+    assert_eq!(v["kda_layers"], 69);
+    assert_eq!(v["global_layers"], 24);
+    assert_eq!(v["global_cache_bytes_per_token"], 33_792);
+    assert_eq!(v["plan"]["global_cache_bytes"], 33_792u64 * 1_048_576);
+    assert!(v["params"]["active_per_token"].as_u64().expect("count") < v["params"]["total"].as_u64().expect("count"));
+}
+
+#[test]
+fn init_then_inspect_tiny() {
+    let dir = support::scratch("cli-init").join("tiny");
+    let d = dir.to_str().expect("utf-8 path");
+    let o = k31(&["init", "--preset", "tiny", "--seed", "5", d]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(Path::new(d).join("model.safetensors").exists());
+    let o = k31(&["inspect", d, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    assert_eq!(v["weights_from_files"], true);
+    assert_eq!(v["layers"], 8);
+    // A second init into the same directory refuses to overwrite it.
+    assert_clean_failure(&k31(&["init", "--preset", "tiny", d]), "already holds a model");
+}
+
+#[test]
+fn init_size_flags() {
+    let dir = support::scratch("cli-init-flags").join("m");
+    let d = dir.to_str().expect("utf-8 path");
+    let o = k31(&["init", "--preset", "tiny", "--layers", "5", "--experts", "3", "--vocab", "300", d]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_str(&stdout(&k31(&["inspect", d, "--json"]))).expect("JSON");
+    assert_eq!(v["layers"], 5);
+    assert_eq!(v["global_layer_indices"], serde_json::json!([4, 5]));
+    assert_eq!(v["config"]["moe"]["num_experts"], 3);
+    assert_eq!(v["config"]["moe"]["experts_per_token"], 3);
+    assert_eq!(v["vocab_size"], 300);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    assert_clean_failure(&k31(&["inspect", "/nonexistent/model"]), "/nonexistent/model");
+    assert_clean_failure(&k31(&["init", "--preset", "huge", "/tmp/x"]), "unknown preset `huge`");
+    assert_clean_failure(&k31(&["init", "--preset", "tiny", "--layers", "0", "/tmp/x"]), "--layers");
+    let dir = support::scratch("cli-bad");
+    std::fs::write(dir.join("config.json"), r#"{"architectures": ["GPT2LMHeadModel"]}"#).expect("write");
+    assert_clean_failure(&k31(&["inspect", dir.to_str().expect("utf-8")]), "GPT2LMHeadModel");
+    std::fs::write(dir.join("config.json"), "{").expect("write");
+    assert_clean_failure(&k31(&["inspect", dir.to_str().expect("utf-8")]), "not valid JSON");
+    // Weights present but broken: the checkpoint error, listing the problem.
+    let src = support::golden::golden_dir().join("k31_tiny/model/config.json");
+    std::fs::copy(src, dir.join("config.json")).expect("copy");
+    std::fs::write(dir.join("model.safetensors"), b"\x10\x00\x00\x00\x00\x00\x00\x00{}").expect("write");
+    assert_clean_failure(&k31(&["inspect", dir.to_str().expect("utf-8")]), "model.safetensors");
+}
+
+#[test]
+fn devices_lists_adapters() {
+    let o = k31(&["devices", "--json"]);
+    if !o.status.success() {
+        // No adapter on this machine: the message must say how to get one.
+        assert_clean_failure(&o, "mesa-vulkan-drivers");
+        return;
+    }
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    let adapters = v["adapters"].as_array().expect("list");
+    assert!(!adapters.is_empty());
+    assert!(adapters[0]["max_storage_buffer_binding_size"].as_u64().expect("limit") > 0);
+    // An adapter selector that matches nothing: `chosen` is null, the list is still shown.
+    let o = k31(&["--adapter", "no-such-gpu", "devices", "--json"]);
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
+    assert!(v["chosen"].is_null());
+}
