@@ -40,14 +40,28 @@ fn write_all(file: &Path, tensors: &Owned) {
     safetensors::serialize_to_file(views, None, file).expect("write");
 }
 
-/// Copies the tiny model into a fresh directory with its tensors passed through `damage`.
-fn damaged(name: &str, damage: impl FnOnce(&mut Owned)) -> PathBuf {
+/// Copies the model in `src` into a fresh directory, passing its config through `edit`
+/// and its tensors through `damage`.
+fn rewritten(
+    src: &Path,
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+    damage: impl FnOnce(&mut Owned),
+) -> PathBuf {
     let dir = scratch(name);
-    std::fs::copy(tiny().join("config.json"), dir.join("config.json")).expect("copy config");
-    let mut t = read_all(&tiny().join("model.safetensors"));
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).expect("config")).expect("JSON");
+    edit(&mut cfg);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).expect("write config");
+    let mut t = read_all(&src.join("model.safetensors"));
     damage(&mut t);
     write_all(&dir.join("model.safetensors"), &t);
     dir
+}
+
+/// The tiny model with its tensors passed through `damage`.
+fn damaged(name: &str, damage: impl FnOnce(&mut Owned)) -> PathBuf {
+    rewritten(&tiny(), name, |_| {}, damage)
 }
 
 fn problems(dir: &Path) -> String {
@@ -202,4 +216,36 @@ fn missing_config_is_a_clear_error() {
     let dir = scratch("ck-noconfig");
     let e = Checkpoint::open(&dir).err().expect("no config").to_string();
     assert!(e.contains("config.json"), "{e}");
+}
+
+#[test]
+fn kimi_linear_spellings_in_the_wild() {
+    let src = support::golden::golden_dir().join("kimi_linear_tiny/model");
+    // Moonshot's spelling: the dense layer's MLP under mlp.*_proj.
+    let moonshot = rewritten(&src, "ck-kl-moonshot", |_| {}, |t| {
+        for (n, ..) in t.iter_mut() {
+            if n.starts_with("model.layers.0.block_sparse_moe.") {
+                *n = n.replace("block_sparse_moe", "mlp");
+            }
+        }
+    });
+    Checkpoint::open(&moonshot).expect("Moonshot spelling validates");
+    let no_shared = |cfg: &mut serde_json::Value| {
+        cfg["num_shared_experts"] = serde_json::json!(0);
+    };
+    // No shared experts: Moonshot omits the tensors, transformers writes zero-sized ones.
+    let absent = rewritten(&src, "ck-kl-noshared", no_shared, |t| t.retain(|(n, ..)| !n.contains("shared_experts")));
+    Checkpoint::open(&absent).expect("absent shared experts validate");
+    let zero = rewritten(&src, "ck-kl-zeroshared", no_shared, |t| {
+        for (n, _, s, b) in t.iter_mut() {
+            if n.contains("shared_experts") {
+                s[0] = 0;
+                b.clear();
+            }
+        }
+    });
+    Checkpoint::open(&zero).expect("zero-sized shared experts validate");
+    // But real shared-expert weights with a config that has none would be silently dropped.
+    let e = problems(&rewritten(&src, "ck-kl-extra", no_shared, |_| {}));
+    assert!(e.contains("unexpected tensor `model.layers.1.block_sparse_moe.shared_experts"), "{e}");
 }

@@ -114,3 +114,12 @@ fn devices_lists_adapters() {
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("JSON");
     assert!(v["chosen"].is_null());
 }
+
+#[test]
+fn no_adapter_names_the_fix() {
+    // A backend this machine cannot have: no adapters at all.
+    let backend = if cfg!(target_os = "macos") { "dx12" } else { "metal" };
+    let o = Command::new(env!("CARGO_BIN_EXE_k31")).args(["devices"]).env("WGPU_BACKEND", backend).output().expect("run");
+    assert_clean_failure(&o, "no usable GPU adapter");
+    assert!(stderr(&o).contains("mesa-vulkan-drivers"));
+}
