@@ -293,8 +293,8 @@ impl LazyTensor {
     }
 }
 
-impl safetensors::View for LazyTensor {
-    fn dtype(&self) -> safetensors::Dtype {
+impl LazyTensor {
+    fn st_dtype(&self) -> safetensors::Dtype {
         match self.dtype {
             DType::BF16 => safetensors::Dtype::BF16,
             DType::F16 => safetensors::Dtype::F16,
@@ -302,14 +302,54 @@ impl safetensors::View for LazyTensor {
             _ => safetensors::Dtype::U8,
         }
     }
+}
+
+/// Tensors generated ahead by a producer thread while the writer writes earlier ones.
+/// The producer follows the writer's order (dtype, then name); should a writer ask in
+/// another order, bytes for other tensors wait in `stash`, and a tensor the producer no
+/// longer delivers is generated on the spot: generation is deterministic, so the output
+/// never depends on the order.
+struct Prefetch {
+    rx: std::sync::Mutex<std::sync::mpsc::Receiver<(String, Vec<u8>)>>,
+    stash: std::sync::Mutex<std::collections::HashMap<String, Vec<u8>>>,
+}
+
+struct PrefetchedTensor<'a> {
+    tensor: LazyTensor,
+    prefetch: &'a Prefetch,
+}
+
+impl PrefetchedTensor<'_> {
+    fn take(&self) -> Vec<u8> {
+        let name = &self.tensor.spec_name;
+        loop {
+            if let Some(b) = self.prefetch.stash.lock().unwrap_or_else(|p| p.into_inner()).remove(name) {
+                return b;
+            }
+            let next = self.prefetch.rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
+            match next {
+                Ok((n, b)) if n == *name => return b,
+                Ok((n, b)) => {
+                    self.prefetch.stash.lock().unwrap_or_else(|p| p.into_inner()).insert(n, b);
+                }
+                Err(_) => return self.tensor.generate(),
+            }
+        }
+    }
+}
+
+impl safetensors::View for PrefetchedTensor<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.tensor.st_dtype()
+    }
     fn shape(&self) -> &[usize] {
-        &self.shape
+        &self.tensor.shape
     }
     fn data(&self) -> Cow<'_, [u8]> {
-        Cow::Owned(self.generate())
+        Cow::Owned(self.take())
     }
     fn data_len(&self) -> usize {
-        self.shape.iter().product::<usize>() * self.dtype.size()
+        self.tensor.shape.iter().product::<usize>() * self.tensor.dtype.size()
     }
 }
 
@@ -363,22 +403,44 @@ pub fn write_checkpoint(
     let mut files = Vec::new();
     for (i, shard) in shards.iter().enumerate() {
         let file = name_of(i);
-        let tensors = shard.iter().map(|s| {
-            let name = format!("language_model.{}", s.name);
-            weight_map.insert(name.clone(), json!(file));
-            let t = LazyTensor {
-                spec_name: s.name.clone(),
-                shape: s.shape.canonical(),
-                dtype: s.canonical,
-                draw: draw_for(s),
-                seed,
-            };
-            (name, t)
-        });
-        let tensors: Vec<_> = tensors.collect();
-        let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+        let lazy = |s: &TensorSpec| LazyTensor {
+            spec_name: s.name.clone(),
+            shape: s.shape.canonical(),
+            dtype: s.canonical,
+            draw: draw_for(s),
+            seed,
+        };
+        // The order safetensors writes in: larger dtype first, then by name.
+        let mut order: Vec<&TensorSpec> = shard.clone();
+        order.sort_by(|a, b| lazy(b).st_dtype().cmp(&lazy(a).st_dtype()).then(a.name.cmp(&b.name)));
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Vec<u8>)>(2);
+        let prefetch = Prefetch { rx: std::sync::Mutex::new(rx), stash: Default::default() };
         let path = dir.join(&file);
-        safetensors::serialize_to_file(tensors, Some(meta), &path).map_err(|e| wr(&path, &e))?;
+        let result = std::thread::scope(|scope| {
+            let producer_specs: Vec<LazyTensor> = order.iter().map(|s| lazy(s)).collect();
+            scope.spawn(move || {
+                for t in producer_specs {
+                    if tx.send((t.spec_name.clone(), t.generate())).is_err() {
+                        break;
+                    }
+                }
+            });
+            let tensors: Vec<(String, PrefetchedTensor)> = shard
+                .iter()
+                .map(|s| {
+                    let name = format!("language_model.{}", s.name);
+                    weight_map.insert(name.clone(), json!(file));
+                    (name, PrefetchedTensor { tensor: lazy(s), prefetch: &prefetch })
+                })
+                .collect();
+            let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
+            let r = safetensors::serialize_to_file(tensors, Some(meta), &path);
+            // Unblock the producer if the writer stopped early.
+            drop(prefetch.rx.lock().map(|rx| while rx.try_recv().is_ok() {}));
+            r
+        });
+        drop(prefetch);
+        result.map_err(|e| wr(&path, &e))?;
         done += shard.iter().map(|s| s.canonical_bytes()).sum::<usize>();
         progress(done, total);
         files.push(file);
