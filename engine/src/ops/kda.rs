@@ -1,9 +1,343 @@
-//! Host side of shaders/kda.wgsl (being written: see the open issue).
+//! Host side of shaders/kda.wgsl (per-token part, fused decode, gated norm) and
+//! shaders/kda_chunk.wgsl (chunked WY/UT prefill). Spec 4.2-4.4.
 
-use crate::gpu::Kernel;
+use super::shader_params;
+use crate::config::KdaGate;
+use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
 
-pub const KERNELS: &[Kernel] = &[];
+shader_params!(
+    /// Mirrors `KdaParams` in shaders/kda.wgsl.
+    KdaParams in "kda" {
+        t_len: u32, heads: u32, dk: u32, taps: u32, pos: u32, gate_kind: u32,
+        lower_bound: f32, scale: f32, eps: f32, post_conv: u32, _pad1: u32, _pad2: u32,
+    }
+);
+
+shader_params!(
+    /// Mirrors `KdaChunkParams` in shaders/kda_chunk.wgsl.
+    KdaChunkParams in "kda_chunk" { t_len: u32, heads: u32, dk: u32, nchunks: u32 }
+);
+
+pub const KDA_PREP: Kernel = Kernel::new("kda_prep", "kda", "kda_prep");
+pub const KDA_CONV_SAVE: Kernel = Kernel::new("kda_conv_save", "kda", "kda_conv_save");
+pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode");
+pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
+pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
+pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
+pub const KDA_CHUNK_SCAN: Kernel = Kernel::new("kda_chunk_scan", "kda_chunk", "kda_chunk_scan");
+pub const KERNELS: &[Kernel] =
+    &[KDA_PREP, KDA_CONV_SAVE, KDA_DECODE, KDA_GATED_NORM, KDA_CHUNK_CUMSUM, KDA_CHUNK_INTRA, KDA_CHUNK_SCAN];
 
 pub fn params() -> Vec<super::ParamsLayout> {
-    Vec::new()
+    vec![super::layout_of::<KdaParams>(), super::layout_of::<KdaChunkParams>()]
+}
+
+/// Chunk rows of the WY/UT prefill (spec 4.4).
+pub const CHUNK: usize = 64;
+/// Value columns per decode / scan workgroup.
+const LANES: usize = 32;
+
+/// Shape of one KDA layer as the kernels see it (K = V = head_dim).
+#[derive(Clone, Copy, Debug)]
+pub struct KdaGeom {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub taps: usize,
+    pub gate: KdaGate,
+    /// Inputs are already convolved and SiLU'd (skips the conv; for the golden data).
+    pub post_conv: bool,
+}
+
+impl KdaGeom {
+    pub fn proj(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The kernels' preconditions.
+    pub fn check(&self) -> Result<(), GpuError> {
+        let k = self.head_dim;
+        if k == 0 || k % 16 != 0 || k > 256 {
+            return Err(GpuError::Shape(format!("kda: head_dim {k} must be a multiple of 16 in 16..=256")));
+        }
+        if self.heads == 0 || self.taps == 0 {
+            return Err(GpuError::Shape(format!("kda: {} heads and conv kernel {} must both be >= 1", self.heads, self.taps)));
+        }
+        Ok(())
+    }
+
+    fn params(&self, t_len: usize, pos: u64) -> KdaParams {
+        let mut p = self.params_raw(t_len, pos);
+        p.post_conv = self.post_conv as u32;
+        p
+    }
+
+    fn params_raw(&self, t_len: usize, pos: u64) -> KdaParams {
+        let (gate_kind, lower_bound) = match self.gate {
+            KdaGate::Bounded { lower_bound } => (0, lower_bound),
+            KdaGate::Softplus => (1, 0.0),
+        };
+        KdaParams {
+            t_len: t_len as u32,
+            heads: self.heads as u32,
+            dk: self.head_dim as u32,
+            taps: self.taps as u32,
+            pos: pos as u32,
+            gate_kind,
+            lower_bound,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+            eps: 1e-5,
+            ..Default::default()
+        }
+    }
+}
+
+/// Per-token inputs of the KDA core and the layer's small parameters.
+pub struct KdaInputs<'a> {
+    /// [T, 3P] pre-conv q | k | v.
+    pub qkv: &'a wgpu::Buffer,
+    /// [T, P] raw gate input (before dt_bias).
+    pub f: &'a wgpu::Buffer,
+    /// [T, H] raw beta logits.
+    pub b: &'a wgpu::Buffer,
+    /// [3P, W] f32 conv taps (q | k | v channels).
+    pub conv_w: &'a wgpu::Buffer,
+    /// [H] f32.
+    pub a_log: &'a wgpu::Buffer,
+    /// [P] f32.
+    pub dt_bias: &'a wgpu::Buffer,
+}
+
+/// Outputs of `prep`: the recurrence inputs, [T, H, K] each, beta [T, H].
+pub struct Prepped {
+    pub q: wgpu::Buffer,
+    pub k: wgpu::Buffer,
+    pub v: wgpu::Buffer,
+    pub g: wgpu::Buffer,
+    pub beta: wgpu::Buffer,
+    pub t_len: usize,
+}
+
+impl Prepped {
+    pub fn new(gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Prepped {
+        let n = (t_len * geom.proj() * 4) as u64;
+        Prepped {
+            q: gpu.storage("kda q", n),
+            k: gpu.storage("kda k", n),
+            v: gpu.storage("kda v", n),
+            g: gpu.storage("kda g", n),
+            beta: gpu.storage("kda beta", (t_len * geom.heads * 4) as u64),
+            t_len,
+        }
+    }
+}
+
+/// Scratch of the chunked prefill for up to `t_len` tokens.
+pub struct ChunkScratch {
+    w: wgpu::Buffer,
+    u: wgpu::Buffer,
+    qg: wgpu::Buffer,
+    kg: wgpu::Buffer,
+    aqk: wgpu::Buffer,
+    t_len: usize,
+}
+
+impl ChunkScratch {
+    pub fn new(gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> ChunkScratch {
+        let n = (t_len * geom.proj() * 4) as u64;
+        let chunks = t_len.div_ceil(CHUNK);
+        ChunkScratch {
+            w: gpu.storage("kda w", n),
+            u: gpu.storage("kda u", n),
+            qg: gpu.storage("kda qg", n),
+            kg: gpu.storage("kda kg", n),
+            aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * 4) as u64),
+            t_len,
+        }
+    }
+}
+
+fn need(buf: &wgpu::Buffer, floats: usize, what: &str) -> Result<(), GpuError> {
+    let bytes = (floats * 4) as u64;
+    if buf.size() < bytes {
+        return Err(GpuError::Shape(format!("kda: {what} holds {} bytes, needs {bytes}", buf.size())));
+    }
+    Ok(())
+}
+
+fn check_inputs(geom: &KdaGeom, t_len: usize, inp: &KdaInputs, ring: &wgpu::Buffer) -> Result<(), GpuError> {
+    geom.check()?;
+    if t_len == 0 {
+        return Err(GpuError::Shape("kda: no tokens".into()));
+    }
+    let p = geom.proj();
+    need(inp.qkv, t_len * 3 * p, "qkv [T, 3P]")?;
+    need(inp.f, t_len * p, "f [T, P]")?;
+    need(inp.b, t_len * geom.heads, "b [T, H]")?;
+    need(inp.conv_w, 3 * p * geom.taps, "conv weights [3P, W]")?;
+    need(inp.a_log, geom.heads, "A_log [H]")?;
+    need(inp.dt_bias, p, "dt_bias [P]")?;
+    need(ring, geom.taps * 3 * p, "conv ring [W, 3P]")
+}
+
+/// Records one dispatch of `kernel` over `groups` workgroups with the given bindings.
+fn dispatch(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    kernel: &Kernel,
+    uniform: &wgpu::Buffer,
+    buffers: &[(u32, &wgpu::Buffer)],
+    groups: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let pipeline = gpu.pipelines.get(gpu, kernel)?;
+    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
+    entries.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }));
+    let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(kernel.name),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind, &[]);
+    let (gx, gy) = gpu.grid(groups as u32);
+    pass.dispatch_workgroups(gx, gy, 1);
+    Ok(())
+}
+
+/// Prefill preprocessing of `t_len` tokens starting at absolute position `pos`: conv + SiLU
+/// (window from `ring`), l2 norm, scale, gate, beta into `out`; then the ring is advanced.
+#[allow(clippy::too_many_arguments)]
+pub fn prep(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    geom: &KdaGeom,
+    t_len: usize,
+    pos: u64,
+    inp: &KdaInputs,
+    ring: &wgpu::Buffer,
+    out: &Prepped,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    check_inputs(geom, t_len, inp, ring)?;
+    if out.t_len < t_len {
+        return Err(GpuError::Shape(format!("kda prep: outputs hold {} tokens, need {t_len}", out.t_len)));
+    }
+    let uniform = gpu.uniform("kda params", &geom.params(t_len, pos));
+    let bufs = [
+        (1, inp.qkv),
+        (2, inp.f),
+        (3, inp.b),
+        (4, inp.conv_w),
+        (5, inp.a_log),
+        (6, inp.dt_bias),
+        (7, ring),
+        (10, &out.q),
+        (11, &out.k),
+        (12, &out.v),
+        (13, &out.g),
+        (14, &out.beta),
+    ];
+    dispatch(gpu, enc, &KDA_PREP, &uniform, &bufs, t_len * geom.heads, profiler.as_deref_mut())?;
+    let keep = t_len.min(geom.taps) * 3 * geom.proj();
+    dispatch(gpu, enc, &KDA_CONV_SAVE, &uniform, &[(1, inp.qkv), (7, ring)], keep.div_ceil(256), profiler)
+}
+
+/// One decode token at absolute position `pos`: conv (advancing `ring`), gates, the state
+/// update of `state` [H, K, V] in place and o [H, V].
+#[allow(clippy::too_many_arguments)]
+pub fn decode(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    geom: &KdaGeom,
+    pos: u64,
+    inp: &KdaInputs,
+    ring: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    check_inputs(geom, 1, inp, ring)?;
+    let k = geom.head_dim;
+    need(state, geom.heads * k * k, "state [H, K, V]")?;
+    need(o, geom.proj(), "o [H, V]")?;
+    let uniform = gpu.uniform("kda params", &geom.params(1, pos));
+    let bufs = [
+        (1, inp.qkv),
+        (2, inp.f),
+        (3, inp.b),
+        (4, inp.conv_w),
+        (5, inp.a_log),
+        (6, inp.dt_bias),
+        (7, ring),
+        (8, state),
+        (9, o),
+    ];
+    dispatch(gpu, enc, &KDA_DECODE, &uniform, &bufs, geom.heads * k.div_ceil(LANES), profiler)
+}
+
+/// Chunked WY/UT prefill over the prepared inputs: o [T, H, V], `state` advanced in place.
+/// `pre.g` is overwritten with the within-chunk cumulative gate.
+pub fn chunk_prefill(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    geom: &KdaGeom,
+    pre: &Prepped,
+    scratch: &ChunkScratch,
+    state: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    geom.check()?;
+    let t = pre.t_len;
+    let k = geom.head_dim;
+    if t == 0 || scratch.t_len < t {
+        return Err(GpuError::Shape(format!("kda prefill: {t} tokens with scratch for {}", scratch.t_len)));
+    }
+    need(state, geom.heads * k * k, "state [H, K, V]")?;
+    need(o, t * geom.proj(), "o [T, H, V]")?;
+    let nchunks = t.div_ceil(CHUNK);
+    let params = KdaChunkParams { t_len: t as u32, heads: geom.heads as u32, dk: k as u32, nchunks: nchunks as u32 };
+    let uniform = gpu.uniform("kda chunk params", &params);
+    let s = scratch;
+    dispatch(gpu, enc, &KDA_CHUNK_CUMSUM, &uniform, &[(4, &pre.g)], (nchunks * geom.proj()).div_ceil(256), profiler.as_deref_mut())?;
+    let intra = [
+        (1, &pre.q),
+        (2, &pre.k),
+        (3, &pre.v),
+        (4, &pre.g),
+        (5, &pre.beta),
+        (6, &s.w),
+        (7, &s.u),
+        (8, &s.qg),
+        (9, &s.kg),
+        (10, &s.aqk),
+    ];
+    dispatch(gpu, enc, &KDA_CHUNK_INTRA, &uniform, &intra, nchunks * geom.heads, profiler.as_deref_mut())?;
+    let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (8, &s.qg), (9, &s.kg), (10, &s.aqk), (11, state), (12, o)];
+    dispatch(gpu, enc, &KDA_CHUNK_SCAN, &uniform, &scan, geom.heads * k.div_ceil(LANES), profiler)
+}
+
+/// y [rows, V] = RMSNorm(o; norm_w, 1e-5) * sigmoid(gate), rows = T * H.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_norm(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    geom: &KdaGeom,
+    t_len: usize,
+    o: &wgpu::Buffer,
+    gate: &wgpu::Buffer,
+    norm_w: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    geom.check()?;
+    let n = t_len * geom.proj();
+    need(o, n, "o [T, H, V]")?;
+    need(gate, n, "output gate [T, P]")?;
+    need(norm_w, geom.head_dim, "o_norm [V]")?;
+    need(y, n, "y [T, P]")?;
+    let uniform = gpu.uniform("kda params", &geom.params(t_len, 0));
+    dispatch(gpu, enc, &KDA_GATED_NORM, &uniform, &[(9, o), (15, gate), (16, norm_w), (17, y)], t_len * geom.heads, profiler)
 }

@@ -1,0 +1,282 @@
+// Kimi Delta Attention, per-token part (spec 4.2, 4.3, 2.3): causal short conv + SiLU,
+// l2 norm of q and k, the forget gate (bounded or softplus), beta, the fused one-token
+// recurrence for decode, and the gated RMSNorm of the output.
+//
+// Preconditions (checked on the host): head_dim K = V is a multiple of 16 and <= 256;
+// qkv holds pre-conv inputs [T, 3P] (q | k | v, P = H*K); conv_w [3P, W] f32 (tap W-1 is the
+// current token); ring [W, 3P] f32 holds the pre-conv input of absolute position a in
+// slot a % W (slots of positions < 0 are never read); state [H, K, V] f32, rows = key.
+
+struct KdaParams {
+    t_len: u32,     // tokens in this call
+    heads: u32,
+    dk: u32,        // head dim K (= V)
+    taps: u32,      // conv kernel W
+    pos: u32,       // absolute position of token 0 of this call
+    gate_kind: u32, // 0 bounded, 1 softplus
+    lower_bound: f32,
+    scale: f32,     // K^-1/2 on q
+    eps: f32,       // RMSNorm eps of the output norm
+    post_conv: u32, // 1: qkv already holds post-conv, post-SiLU values (tests, goldens)
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: KdaParams;
+@group(0) @binding(1) var<storage, read> qkv: array<f32>;       // [T, 3P]
+@group(0) @binding(2) var<storage, read> fgate: array<f32>;     // [T, P] raw f (before dt_bias)
+@group(0) @binding(3) var<storage, read> blog: array<f32>;      // [T, H] raw beta logits
+@group(0) @binding(4) var<storage, read> conv_w: array<f32>;    // [3P, W]
+@group(0) @binding(5) var<storage, read> a_log: array<f32>;     // [H]
+@group(0) @binding(6) var<storage, read> dt_bias: array<f32>;   // [P]
+@group(0) @binding(7) var<storage, read_write> ring: array<f32>; // [W, 3P]
+@group(0) @binding(8) var<storage, read_write> state: array<f32>; // [H, K, V]
+@group(0) @binding(9) var<storage, read_write> o_out: array<f32>; // [T, H, V]
+@group(0) @binding(10) var<storage, read_write> q_out: array<f32>; // [T, H, K] l2n(q) * scale
+@group(0) @binding(11) var<storage, read_write> k_out: array<f32>; // [T, H, K] l2n(k)
+@group(0) @binding(12) var<storage, read_write> v_out: array<f32>; // [T, H, V]
+@group(0) @binding(13) var<storage, read_write> g_out: array<f32>; // [T, H, K] log decay
+@group(0) @binding(14) var<storage, read_write> beta_out: array<f32>; // [T, H]
+
+const WG: u32 = 256u;
+const LANES: u32 = 32u;   // value columns per decode workgroup
+const GROUPS: u32 = 8u;   // key-row groups per decode workgroup (LANES * GROUPS = WG)
+const RPT: u32 = 32u;     // max key rows per thread: 256 / GROUPS
+
+var<workgroup> sh_q: array<f32, WG>;
+var<workgroup> sh_k: array<f32, WG>;
+var<workgroup> sh_d: array<f32, WG>;   // exp(g)
+var<workgroup> sh_ra: array<f32, WG>;
+var<workgroup> sh_rb: array<f32, WG>;
+var<workgroup> sh_u: array<f32, LANES>;
+var<workgroup> sh_v: array<f32, LANES>;
+
+fn sigmoid(z: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-z));
+}
+
+fn silu(z: f32) -> f32 {
+    return z * sigmoid(z);
+}
+
+// Log decay of one (head, key channel) from the raw gate input.
+fn gate(h: u32, c: u32, f: f32) -> f32 {
+    let a = exp(a_log[h]);
+    let z = f + dt_bias[h * p.dk + c];
+    if (p.gate_kind == 0u) {
+        return p.lower_bound * sigmoid(a * z);
+    }
+    let sp = select(log(1.0 + exp(z)), z, z > 20.0);
+    return -a * sp;
+}
+
+// Pre-conv input of channel ch (of 3P) at segment-relative token t (may be negative:
+// then it comes from the ring, or is 0 before the sequence start).
+fn conv_input(t: i32, ch: u32) -> f32 {
+    let n3 = 3u * p.heads * p.dk;
+    if (t >= 0) {
+        return qkv[u32(t) * n3 + ch];
+    }
+    let a = i32(p.pos) + t;
+    if (a < 0) {
+        return 0.0;
+    }
+    return ring[(u32(a) % p.taps) * n3 + ch];
+}
+
+// silu(sum_j w[ch, j] x[t - (W-1) + j]) for channel ch at token t.
+fn conv_silu(t: u32, ch: u32) -> f32 {
+    if (p.post_conv == 1u) {
+        return qkv[t * 3u * p.heads * p.dk + ch];
+    }
+    var z = 0.0;
+    for (var j = 0u; j < p.taps; j++) {
+        z += conv_w[ch * p.taps + j] * conv_input(i32(t) - i32(p.taps - 1u - j), ch);
+    }
+    return silu(z);
+}
+
+// Tree sums of sh_ra and sh_rb over the workgroup; the results land in index 0.
+fn reduce2(lid: u32) {
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            sh_ra[lid] += sh_ra[lid + s];
+            sh_rb[lid] += sh_rb[lid + s];
+        }
+        workgroupBarrier();
+    }
+}
+
+// Prefill preprocessing, one workgroup per (token, head): conv + SiLU, l2 norm, scale,
+// gate, beta. The conv window is saved afterwards by kda_conv_save.
+@compute @workgroup_size(256)
+fn kda_prep(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let row = wg.x + wg.y * nwg.x;
+    if (row >= p.t_len * p.heads) {
+        return;
+    }
+    let t = row / p.heads;
+    let h = row % p.heads;
+    let pd = p.heads * p.dk;
+    var q = 0.0;
+    var k = 0.0;
+    if (lid < p.dk) {
+        let c = h * p.dk + lid;
+        q = conv_silu(t, c);
+        k = conv_silu(t, pd + c);
+        v_out[row * p.dk + lid] = conv_silu(t, 2u * pd + c);
+        g_out[row * p.dk + lid] = gate(h, lid, fgate[t * pd + c]);
+    }
+    sh_ra[lid] = q * q;
+    sh_rb[lid] = k * k;
+    reduce2(lid);
+    if (lid < p.dk) {
+        q_out[row * p.dk + lid] = q * inverseSqrt(sh_ra[0] + 1e-6) * p.scale;
+        k_out[row * p.dk + lid] = k * inverseSqrt(sh_rb[0] + 1e-6);
+    }
+    if (lid == 0u) {
+        beta_out[row] = sigmoid(blog[row]);
+    }
+}
+
+// Saves the last min(T, W) pre-conv inputs into the ring (after kda_prep has read it).
+@compute @workgroup_size(256)
+fn kda_conv_save(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * WG;
+    let n3 = 3u * p.heads * p.dk;
+    let keep = min(p.t_len, p.taps);
+    if (i >= keep * n3) {
+        return;
+    }
+    let t = p.t_len - 1u - i / n3;
+    let ch = i % n3;
+    ring[((p.pos + t) % p.taps) * n3 + ch] = qkv[t * n3 + ch];
+}
+
+// One-token decode, one workgroup per (head, tile of LANES value columns): conv, norms and
+// gates, then the rank-1 state update and o = S^T q. Reads and writes the state once.
+// Ring slot pos % W is written with this token; slots of pos-1 .. pos-W+1 are only read,
+// so the workgroups of one head never race on the window.
+@compute @workgroup_size(256)
+fn kda_decode(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let tiles = (p.dk + LANES - 1u) / LANES;
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.heads * tiles) {
+        return;
+    }
+    let h = id / tiles;
+    let tile = id % tiles;
+    let pd = p.heads * p.dk;
+    let n3 = 3u * pd;
+    let slot = (p.pos % p.taps) * n3;
+    var q = 0.0;
+    var k = 0.0;
+    if (lid < p.dk) {
+        let c = h * p.dk + lid;
+        q = conv_silu(0u, c);
+        k = conv_silu(0u, pd + c);
+        sh_d[lid] = exp(gate(h, lid, fgate[c]));
+        if (tile == 0u) {
+            ring[slot + c] = qkv[c];
+            ring[slot + pd + c] = qkv[pd + c];
+        }
+    }
+    let lane = lid % LANES;
+    let grp = lid / LANES;
+    let col = tile * LANES + lane;
+    let live = col < p.dk;
+    if (grp == 0u && live) {
+        let c = 2u * pd + h * p.dk + col;
+        sh_v[lane] = conv_silu(0u, c);
+        ring[slot + c] = qkv[c];
+    }
+    sh_ra[lid] = q * q;
+    sh_rb[lid] = k * k;
+    reduce2(lid);
+    if (lid < p.dk) {
+        sh_q[lid] = q * inverseSqrt(sh_ra[0] + 1e-6) * p.scale;
+        sh_k[lid] = k * inverseSqrt(sh_rb[0] + 1e-6);
+    }
+    workgroupBarrier();
+    let beta = sigmoid(blog[h]);
+    // Thread (grp, lane) keeps key rows grp, grp + GROUPS, ... of column col.
+    var s: array<f32, RPT>;
+    var sk = 0.0;
+    let base = h * p.dk * p.dk + col;
+    for (var i = 0u; i < RPT; i++) {
+        let r = grp + i * GROUPS;
+        if (r < p.dk && live) {
+            s[i] = state[base + r * p.dk] * sh_d[r];
+            sk += s[i] * sh_k[r];
+        }
+    }
+    sh_ra[lid] = sk;
+    workgroupBarrier();
+    if (grp == 0u && live) {
+        var tot = 0.0;
+        for (var g = 0u; g < GROUPS; g++) {
+            tot += sh_ra[g * LANES + lane];
+        }
+        sh_u[lane] = beta * (sh_v[lane] - tot);
+    }
+    workgroupBarrier();
+    var so = 0.0;
+    if (live) {
+        let u = sh_u[lane];
+        for (var i = 0u; i < RPT; i++) {
+            let r = grp + i * GROUPS;
+            if (r < p.dk) {
+                s[i] += sh_k[r] * u;
+                so += s[i] * sh_q[r];
+                state[base + r * p.dk] = s[i];
+            }
+        }
+    }
+    sh_rb[lid] = so;
+    workgroupBarrier();
+    if (grp == 0u && live) {
+        var tot = 0.0;
+        for (var g = 0u; g < GROUPS; g++) {
+            tot += sh_rb[g * LANES + lane];
+        }
+        o_out[h * p.dk + col] = tot;
+    }
+}
+
+@group(0) @binding(15) var<storage, read> gate_in: array<f32>;   // [T, P] output-gate logits
+@group(0) @binding(16) var<storage, read> norm_w: array<f32>;    // [V] o_norm weight
+@group(0) @binding(17) var<storage, read_write> y_out: array<f32>; // [T, P]
+
+// y = RMSNorm(o; norm_w, eps) * sigmoid(gate), one workgroup per (token, head).
+@compute @workgroup_size(256)
+fn kda_gated_norm(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let row = wg.x + wg.y * nwg.x;
+    if (row >= p.t_len * p.heads) {
+        return;
+    }
+    var x = 0.0;
+    if (lid < p.dk) {
+        x = o_out[row * p.dk + lid];
+    }
+    sh_ra[lid] = x * x;
+    sh_rb[lid] = 0.0;
+    reduce2(lid);
+    if (lid < p.dk) {
+        let r = inverseSqrt(sh_ra[0] / f32(p.dk) + p.eps);
+        let i = row * p.dk + lid;
+        y_out[i] = x * r * norm_w[lid] * sigmoid(gate_in[i]);
+    }
+}

@@ -1,0 +1,239 @@
+// Chunked (WY/UT) KDA prefill, spec 4.4: chunks of C = 64 rows, all in f32.
+//   kda_chunk_cumsum: Gamma = within-chunk cumulative sum of g (in place).
+//   kda_chunk_intra:  per (chunk, head): A_kk, A_qk with pairwise exponents (never e^-Gamma
+//                     alone), the unit lower-triangular solve (I + A_kk) X = diag(beta) [K e^Gamma | V]
+//                     by forward substitution, giving w and u; also qg = q e^Gamma and
+//                     kg = k e^(Gamma_last - Gamma).
+//   kda_chunk_scan:   per (head, tile of value columns), sequential over chunks:
+//                     U = u - w S;  O = qg S + A_qk U;  S = diag(e^Gamma_last) S + kg^T U.
+// The ragged last chunk uses only its valid rows (Gamma_last from the last valid row).
+//
+// Preconditions (checked on the host): K = V, a multiple of 16, <= 256; inputs come from
+// kda_prep: q (l2n, scaled), k (l2n), v, g [T, H, K]; beta [T, H]; state [H, K, V] f32.
+
+struct KdaChunkParams {
+    t_len: u32,
+    heads: u32,
+    dk: u32,
+    nchunks: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: KdaChunkParams;
+@group(0) @binding(1) var<storage, read> q: array<f32>;          // [T, H, K]
+@group(0) @binding(2) var<storage, read> k: array<f32>;          // [T, H, K]
+@group(0) @binding(3) var<storage, read> v: array<f32>;          // [T, H, V]
+@group(0) @binding(4) var<storage, read_write> gam: array<f32>;  // [T, H, K] g, then Gamma
+@group(0) @binding(5) var<storage, read> beta: array<f32>;       // [T, H]
+@group(0) @binding(6) var<storage, read_write> w: array<f32>;    // [T, H, K]
+@group(0) @binding(7) var<storage, read_write> u: array<f32>;    // [T, H, V]
+@group(0) @binding(8) var<storage, read_write> qg: array<f32>;   // [T, H, K]
+@group(0) @binding(9) var<storage, read_write> kg: array<f32>;   // [T, H, K]
+@group(0) @binding(10) var<storage, read_write> aqk: array<f32>; // [N, H, C, C]
+@group(0) @binding(11) var<storage, read_write> state: array<f32>; // [H, K, V]
+@group(0) @binding(12) var<storage, read_write> o: array<f32>;   // [T, H, V]
+
+const WG: u32 = 256u;
+const C: u32 = 64u;       // chunk rows
+const KT: u32 = 16u;      // channels per staged tile in kda_chunk_intra
+const LANES: u32 = 32u;   // value columns per scan workgroup
+const GROUPS: u32 = 8u;   // row groups per scan workgroup
+const KMAX: u32 = 256u;
+
+fn rows_in(n: u32) -> u32 {
+    return min(C, p.t_len - n * C);
+}
+
+// One thread per (chunk, head, key channel).
+@compute @workgroup_size(256)
+fn kda_chunk_cumsum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let i = gid.x + gid.y * nwg.x * WG;
+    let hk = p.heads * p.dk;
+    if (i >= p.nchunks * hk) {
+        return;
+    }
+    let n = i / hk;
+    let j = i % hk;
+    var run = 0.0;
+    for (var r = 0u; r < rows_in(n); r++) {
+        let at = (n * C + r) * hk + j;
+        run += gam[at];
+        gam[at] = run;
+    }
+}
+
+var<workgroup> sh_akk: array<f32, 4096>;     // [C, C] beta_r * A_kk, strictly lower
+var<workgroup> sh_tk: array<f32, 1024>;      // [C, KT]
+var<workgroup> sh_tq: array<f32, 1024>;
+var<workgroup> sh_tg: array<f32, 1024>;
+var<workgroup> sh_beta: array<f32, 64>;
+
+@compute @workgroup_size(256)
+fn kda_chunk_intra(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.nchunks * p.heads) {
+        return;
+    }
+    let n = id / p.heads;
+    let h = id % p.heads;
+    let nv = rows_in(n);
+    let hk = p.heads * p.dk;
+    let t0 = n * C;
+    if (lid < C) {
+        sh_beta[lid] = select(0.0, beta[(t0 + lid) * p.heads + h], lid < nv);
+    }
+    // Thread owns row r and columns j = jq, jq + 4, ...
+    let r = lid / 4u;
+    let jq = lid % 4u;
+    var akk: array<f32, 16>;
+    var aq: array<f32, 16>;
+    for (var c0 = 0u; c0 < p.dk; c0 += KT) {
+        for (var e = lid; e < C * KT; e += WG) {
+            let rr = e / KT;
+            let cc = e % KT;
+            let at = (t0 + rr) * hk + h * p.dk + c0 + cc;
+            let ok = rr < nv;
+            sh_tk[e] = select(0.0, k[at], ok);
+            sh_tq[e] = select(0.0, q[at], ok);
+            sh_tg[e] = select(0.0, gam[at], ok);
+        }
+        workgroupBarrier();
+        if (r < nv) {
+            for (var m = 0u; m < 16u; m++) {
+                let j = jq + 4u * m;
+                if (j <= r) {
+                    var sk = 0.0;
+                    var sq = 0.0;
+                    for (var cc = 0u; cc < KT; cc++) {
+                        // Pairwise exponent Gamma_r - Gamma_j <= 0 for j <= r: always in range.
+                        let kj = sh_tk[j * KT + cc] * exp(sh_tg[r * KT + cc] - sh_tg[j * KT + cc]);
+                        sk += sh_tk[r * KT + cc] * kj;
+                        sq += sh_tq[r * KT + cc] * kj;
+                    }
+                    akk[m] += sk;
+                    aq[m] += sq;
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    let abase = id * C * C;
+    for (var m = 0u; m < 16u; m++) {
+        let j = jq + 4u * m;
+        let live = r < nv && j <= r;
+        sh_akk[r * C + j] = select(0.0, sh_beta[r] * akk[m], live && j < r);
+        aqk[abase + r * C + j] = select(0.0, aq[m], live);
+    }
+    workgroupBarrier();
+    // Forward substitution, one column of [K e^Gamma | V] per thread: X_r = rhs_r - sum_{m<r} A[r,m] X_m.
+    let glast = (t0 + nv - 1u) * hk + h * p.dk;
+    for (var col = lid; col < 2u * p.dk; col += WG) {
+        var x: array<f32, 64>;
+        let isk = col < p.dk;
+        let cc = select(col - p.dk, col, isk);
+        for (var rr = 0u; rr < nv; rr++) {
+            let at = (t0 + rr) * hk + h * p.dk + cc;
+            var rhs: f32;
+            if (isk) {
+                let gr = gam[at];
+                let kv = k[at];
+                rhs = kv * exp(gr);
+                qg[at] = q[at] * exp(gr);
+                kg[at] = kv * exp(gam[glast + cc] - gr);
+            } else {
+                rhs = v[at];
+            }
+            var acc = sh_beta[rr] * rhs;
+            for (var m = 0u; m < rr; m++) {
+                acc -= sh_akk[rr * C + m] * x[m];
+            }
+            x[rr] = acc;
+            if (isk) {
+                w[at] = acc;
+            } else {
+                u[at] = acc;
+            }
+        }
+    }
+}
+
+var<workgroup> sh_s: array<f32, 8192>;   // [K, LANES] state tile, K <= 256
+var<workgroup> sh_u: array<f32, 2048>;   // [C, LANES] U of the current chunk
+
+@compute @workgroup_size(256)
+fn kda_chunk_scan(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let tiles = (p.dk + LANES - 1u) / LANES;
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.heads * tiles) {
+        return;
+    }
+    let h = id / tiles;
+    let tile = id % tiles;
+    let lane = lid % LANES;
+    let grp = lid / LANES;
+    let col = tile * LANES + lane;
+    let live = col < p.dk;
+    let hk = p.heads * p.dk;
+    let sbase = h * p.dk * p.dk + col;
+    for (var c = grp; c < p.dk; c += GROUPS) {
+        sh_s[c * LANES + lane] = select(0.0, state[sbase + c * p.dk], live);
+    }
+    workgroupBarrier();
+    for (var n = 0u; n < p.nchunks; n++) {
+        let t0 = n * C;
+        let nv = rows_in(n);
+        // Rows grp, grp + 8, ...: U = u - w S and the inter-chunk part of O = qg S.
+        var ao: array<f32, 8>;
+        for (var i = 0u; i < 8u; i++) {
+            let r = grp + i * GROUPS;
+            var au = 0.0;
+            var oo = 0.0;
+            if (r < nv) {
+                let row = (t0 + r) * hk + h * p.dk;
+                for (var c = 0u; c < p.dk; c++) {
+                    let s = sh_s[c * LANES + lane];
+                    au += w[row + c] * s;
+                    oo += qg[row + c] * s;
+                }
+                au = select(0.0, u[row + col] - au, live);
+            }
+            sh_u[r * LANES + lane] = au;
+            ao[i] = oo;
+        }
+        workgroupBarrier();
+        // Intra-chunk part: O_r += sum_{j <= r} A_qk[r, j] U_j.
+        let abase = (n * p.heads + h) * C * C;
+        for (var i = 0u; i < 8u; i++) {
+            let r = grp + i * GROUPS;
+            if (r < nv && live) {
+                var oo = ao[i];
+                for (var j = 0u; j <= r; j++) {
+                    oo += aqk[abase + r * C + j] * sh_u[j * LANES + lane];
+                }
+                o[(t0 + r) * hk + h * p.dk + col] = oo;
+            }
+        }
+        // S = diag(e^Gamma_last) S + kg^T U (each thread owns its own rows of S).
+        let glast = (t0 + nv - 1u) * hk + h * p.dk;
+        for (var c = grp; c < p.dk; c += GROUPS) {
+            var acc = sh_s[c * LANES + lane] * exp(gam[glast + c]);
+            for (var rr = 0u; rr < nv; rr++) {
+                acc += kg[(t0 + rr) * hk + h * p.dk + c] * sh_u[rr * LANES + lane];
+            }
+            sh_s[c * LANES + lane] = acc;
+        }
+        workgroupBarrier();
+    }
+    if (live) {
+        for (var c = grp; c < p.dk; c += GROUPS) {
+            state[sbase + c * p.dk] = sh_s[c * LANES + lane];
+        }
+    }
+}

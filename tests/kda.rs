@@ -1,0 +1,247 @@
+//! KDA on the GPU vs the f64 CPU reference and the golden data: the fused decode kernel, the
+//! chunked WY/UT prefill (T in {1, 17, 64, 65, 200, 1000}, 1-4 heads, head dims 16..128, both
+//! gate forms, with and without an initial state), prefill-then-decode hand-off, and the layer.
+
+mod support;
+
+use k31_engine::config::{KdaGate, KdaOutputGate};
+use k31_engine::gpu::Gpu;
+use k31_engine::ops::kda::{self, ChunkScratch, KdaGeom, KdaInputs, Prepped};
+use k31_engine::reference::kda as r;
+use support::golden;
+
+const TOL: f64 = 1e-4;
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    support::nmse(got, want).sqrt()
+}
+
+fn scaled(seed: u64, n: usize, s: f32) -> Vec<f32> {
+    support::random_vec(seed, n).into_iter().map(|x| x * s).collect()
+}
+
+/// Host-side inputs of the core: pre-conv qkv [T, 3P], f [T, P], b [T, H] and parameters.
+struct Core {
+    geom: KdaGeom,
+    qkv: Vec<f32>,
+    f: Vec<f32>,
+    b: Vec<f32>,
+    conv_w: Vec<f32>,
+    a_log: Vec<f32>,
+    dt_bias: Vec<f32>,
+    s0: Vec<f32>,
+    t_len: usize,
+}
+
+impl Core {
+    /// Uploads tokens [t0, t1) and runs `f` on them (the buffers live until `f` returns).
+    fn with_rows<R>(&self, gpu: &Gpu, t0: usize, t1: usize, f: impl FnOnce(&KdaInputs) -> R) -> R {
+        let p = self.geom.proj();
+        let h = self.geom.heads;
+        let qkv = gpu.storage_from("qkv", &self.qkv[t0 * 3 * p..t1 * 3 * p]);
+        let fb = gpu.storage_from("f", &self.f[t0 * p..t1 * p]);
+        let b = gpu.storage_from("b", &self.b[t0 * h..t1 * h]);
+        let conv_w = gpu.storage_from("conv_w", &self.conv_w);
+        let a_log = gpu.storage_from("a_log", &self.a_log);
+        let dt_bias = gpu.storage_from("dt_bias", &self.dt_bias);
+        f(&KdaInputs { qkv: &qkv, f: &fb, b: &b, conv_w: &conv_w, a_log: &a_log, dt_bias: &dt_bias })
+    }
+
+    /// CPU reference over the first `t` tokens: (o [t, H, V], final state).
+    fn reference(&self, t: usize) -> (Vec<f32>, Vec<f32>) {
+        let g = &self.geom;
+        let (p, k) = (g.proj(), g.head_dim);
+        let mut streams = Vec::new();
+        for i in 0..3 {
+            let x: Vec<f32> = (0..t).flat_map(|tt| self.qkv[tt * 3 * p + i * p..tt * 3 * p + (i + 1) * p].to_vec()).collect();
+            streams.push(if g.post_conv {
+                x
+            } else {
+                let w = &self.conv_w[i * p * g.taps..(i + 1) * p * g.taps];
+                r::conv_silu(&x, w, &vec![0.0; (g.taps - 1) * p], t, p, g.taps)
+            });
+        }
+        let scale = 1.0 / (k as f32).sqrt();
+        let q: Vec<f32> = streams[0].chunks(k).flat_map(|c| r::l2n(c).into_iter().map(move |a| a * scale)).collect();
+        let kk: Vec<f32> = streams[1].chunks(k).flat_map(r::l2n).collect();
+        let gg = r::gate(g.gate, &self.f[..t * p], &self.a_log, &self.dt_bias, g.heads, k);
+        let beta = r::beta(&self.b[..t * g.heads]);
+        r::recurrence(&q, &kk, &streams[2], &gg, &beta, &self.s0, t, g.heads, k, k)
+    }
+
+    /// GPU: chunked prefill of tokens [0, t), then `n` decode steps. Returns (o [t+n, H, V], state).
+    fn gpu_run(&self, gpu: &Gpu, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        let g = &self.geom;
+        let (p, k, h) = (g.proj(), g.head_dim, g.heads);
+        let ring = gpu.storage("ring", (g.taps * 3 * p * 4) as u64);
+        let state = if self.s0.is_empty() {
+            gpu.storage("state", (h * k * k * 4) as u64)
+        } else {
+            gpu.storage_from("state", &self.s0)
+        };
+        let mut out = Vec::new();
+        if t > 0 {
+            let pre = Prepped::new(gpu, g, t);
+            let scratch = ChunkScratch::new(gpu, g, t);
+            let o = gpu.storage("o", (t * p * 4) as u64);
+            self.with_rows(gpu, 0, t, |inp| {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                kda::prep(gpu, &mut enc, g, t, 0, inp, &ring, &pre, None).expect("prep");
+                kda::chunk_prefill(gpu, &mut enc, g, &pre, &scratch, &state, &o, None).expect("prefill");
+                gpu.queue.submit([enc.finish()]);
+            });
+            out.extend(gpu.read::<f32>(&o, t * p).expect("read o"));
+        }
+        let o = gpu.storage("o", (n.max(1) * p * 4) as u64);
+        for i in t..t + n {
+            let oi = gpu.storage("o step", (p * 4) as u64);
+            self.with_rows(gpu, i, i + 1, |inp| {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                kda::decode(gpu, &mut enc, g, i as u64, inp, &ring, &state, &oi, None).expect("decode");
+                enc.copy_buffer_to_buffer(&oi, 0, &o, ((i - t) * p * 4) as u64, (p * 4) as u64);
+                gpu.queue.submit([enc.finish()]);
+            });
+        }
+        if n > 0 {
+            out.extend(gpu.read::<f32>(&o, n * p).expect("read o"));
+        }
+        (out, gpu.read::<f32>(&state, h * k * k).expect("read state"))
+    }
+}
+
+fn random_core(seed: u64, t_len: usize, heads: usize, dk: usize, gate: KdaGate, init: bool) -> Core {
+    let p = heads * dk;
+    let taps = 4;
+    Core {
+        geom: KdaGeom { heads, head_dim: dk, taps, gate, post_conv: false },
+        qkv: scaled(seed, t_len * 3 * p, 1.0),
+        f: scaled(seed + 1, t_len * p, 2.0),
+        b: scaled(seed + 2, t_len * heads, 3.0),
+        conv_w: scaled(seed + 3, 3 * p * taps, 0.8),
+        a_log: support::random_vec(seed + 4, heads).into_iter().map(|x| 1.4 * (x + 1.0)).collect(),
+        dt_bias: scaled(seed + 5, p, 1.0),
+        s0: if init { scaled(seed + 6, heads * dk * dk, 0.5) } else { Vec::new() },
+        t_len,
+    }
+}
+
+const BOUNDED: KdaGate = KdaGate::Bounded { lower_bound: -5.0 };
+
+/// Prefill T then decode N, against the reference over T + N and against one prefill of T + N.
+fn check_case(gpu: &Gpu, seed: u64, t: usize, n: usize, heads: usize, dk: usize, gate: KdaGate, init: bool) {
+    let core = random_core(seed, t + n, heads, dk, gate, init);
+    let (want_o, want_s) = core.reference(t + n);
+    let (got_o, got_s) = core.gpu_run(gpu, t, n);
+    let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
+    eprintln!("T={t} N={n} H={heads} K={dk} {gate:?} init={init}: o {eo:.2e} state {es:.2e}");
+    assert!(eo <= TOL && es <= TOL, "T={t} N={n} H={heads} K={dk} {gate:?} init={init}: o {eo:.2e} state {es:.2e}");
+    if n > 0 {
+        let (all_o, all_s) = core.gpu_run(gpu, t + n, 0);
+        let (eo2, es2) = (rel_l2(&got_o, &all_o), rel_l2(&got_s, &all_s));
+        assert!(eo2 <= TOL && es2 <= TOL, "prefill {t} + decode {n} vs prefill {}: o {eo2:.2e} state {es2:.2e}", t + n);
+    }
+}
+
+#[test]
+fn decode_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    check_case(&gpu, 10, 0, 9, 2, 16, BOUNDED, false);
+    check_case(&gpu, 11, 0, 5, 3, 48, KdaGate::Softplus, true);
+    check_case(&gpu, 12, 0, 3, 1, 256, BOUNDED, true);
+    check_case(&gpu, 13, 0, 4, 2, 128, KdaGate::Softplus, false);
+}
+
+#[test]
+fn prefill_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    let cases: &[(usize, usize, usize, KdaGate, bool)] = &[
+        (1, 1, 16, BOUNDED, false),
+        (17, 2, 32, KdaGate::Softplus, true),
+        (64, 3, 64, BOUNDED, true),
+        (65, 4, 16, KdaGate::Softplus, false),
+        (200, 2, 128, BOUNDED, false),
+        (200, 1, 64, KdaGate::Softplus, true),
+        (1000, 2, 32, BOUNDED, true),
+        (1000, 1, 128, KdaGate::Softplus, false),
+        (65, 1, 128, BOUNDED, true),
+        (17, 4, 128, KdaGate::Softplus, true),
+    ];
+    for (i, &(t, h, k, gate, init)) in cases.iter().enumerate() {
+        check_case(&gpu, 100 + i as u64, t, 0, h, k, gate, init);
+    }
+}
+
+#[test]
+fn prefill_then_decode_equals_longer_prefill() {
+    let Some(gpu) = support::gpu() else { return };
+    check_case(&gpu, 200, 17, 5, 2, 32, BOUNDED, true);
+    check_case(&gpu, 201, 64, 3, 2, 64, KdaGate::Softplus, false);
+    check_case(&gpu, 202, 130, 4, 1, 128, BOUNDED, false);
+}
+
+/// The golden core cases (H = 2, K = V = 128): inputs are post-conv, so the conv is skipped.
+#[test]
+fn golden_core_prefill_and_decode() {
+    let Some(gpu) = support::gpu() else { return };
+    let file = "ops/kda.safetensors";
+    let ts = golden::load_tensors(file);
+    let cases = ["bounded_T1", "bounded_T17", "bounded_T64", "bounded_T200", "softplus_T1", "softplus_T17", "softplus_T64"];
+    for case in cases {
+        let get = |n: &str| golden::get(&ts, &format!("{case}.{n}")).clone();
+        let (qs, q) = get("q");
+        let (t, h, k) = (qs[0], qs[1], qs[2]);
+        let p = h * k;
+        let (k_in, v) = (get("k").1, get("v").1);
+        let qkv: Vec<f32> =
+            (0..t).flat_map(|i| [&q[i * p..(i + 1) * p], &k_in[i * p..(i + 1) * p], &v[i * p..(i + 1) * p]].concat()).collect();
+        let gate = if case.starts_with("bounded") { BOUNDED } else { KdaGate::Softplus };
+        let core = Core {
+            geom: KdaGeom { heads: h, head_dim: k, taps: 4, gate, post_conv: true },
+            qkv,
+            f: get("f").1,
+            b: get("b").1,
+            conv_w: vec![0.0; 3 * p * 4],
+            a_log: get("A_log").1,
+            dt_bias: get("dt_bias").1,
+            s0: get("S0").1,
+            t_len: t,
+        };
+        // The reference's gate agrees with the golden g.
+        let g = r::gate(gate, &core.f, &core.a_log, &core.dt_bias, h, k);
+        assert!(rel_l2(&g, &get("g").1) < 1e-6, "{case}: gate");
+        let (want_o, want_s) = (get("o").1, get("S").1);
+        for (label, tp, n) in [("prefill", t, 0), ("decode", 0, t)] {
+            let (o, s) = core.gpu_run(&gpu, tp, n);
+            let (eo, es) = (rel_l2(&o, &want_o), rel_l2(&s, &want_s));
+            eprintln!("golden {case} {label}: o {eo:.2e} state {es:.2e}");
+            assert!(eo <= TOL && es <= TOL, "golden {case} {label}: o {eo:.2e} state {es:.2e}");
+        }
+    }
+}
+
+#[test]
+fn gated_norm_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    let (t, h, k) = (17, 3, 48);
+    let geom = KdaGeom { heads: h, head_dim: k, taps: 4, gate: BOUNDED, post_conv: false };
+    let o = scaled(1, t * h * k, 1.0);
+    let gl = scaled(2, t * h * k, 3.0);
+    let w: Vec<f32> = scaled(3, k, 0.2).into_iter().map(|x| x + 1.0).collect();
+    let want = r::gated_norm(&o, &gl, &w, t * h, k, 1e-5);
+    let (ob, gb, wb) = (gpu.storage_from("o", &o), gpu.storage_from("g", &gl), gpu.storage_from("w", &w));
+    let y = gpu.storage("y", (t * h * k * 4) as u64);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    kda::gated_norm(&gpu, &mut enc, &geom, t, &ob, &gb, &wb, &y, None).expect("gated norm");
+    gpu.queue.submit([enc.finish()]);
+    let got = gpu.read::<f32>(&y, t * h * k).expect("read");
+    assert!(rel_l2(&got, &want) < 1e-6);
+}
+
+#[test]
+fn bad_head_dim_is_an_error() {
+    let geom = KdaGeom { heads: 2, head_dim: 24, taps: 4, gate: BOUNDED, post_conv: false };
+    assert!(geom.check().is_err());
+    let geom = KdaGeom { heads: 2, head_dim: 272, taps: 4, gate: BOUNDED, post_conv: false };
+    assert!(geom.check().is_err());
+    let _ = KdaOutputGate::FullRank;
+}
