@@ -16,4 +16,5 @@ pub mod layout;
 pub mod ops;
 pub mod plan;
 pub mod reference;
+pub mod sample;
 pub mod shaders;
