@@ -194,6 +194,36 @@ impl Gpu {
         self.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| GpuError::Readback(e.to_string()))
     }
 
+    /// Records one compute pass of `kernel`: `params` as the uniform at binding 0, `buffers`
+    /// at their bindings, `groups.0` workgroups (folded into 2-D past the per-dimension
+    /// limit) times `groups.1` in z. The pass is labelled and timed by the kernel name.
+    pub fn dispatch<P: bytemuck::Pod>(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        kernel: &Kernel,
+        params: &P,
+        buffers: &[(u32, &wgpu::Buffer)],
+        groups: (u32, u32),
+        profiler: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        let pipeline = self.pipelines.get(self, kernel)?;
+        let uniform = self.uniform(kernel.name, params);
+        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
+        entries.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }));
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        let (gx, gy) = self.grid(groups.0);
+        pass.dispatch_workgroups(gx, gy, groups.1.max(1));
+        Ok(())
+    }
+
     /// Splits a 1-D workgroup count into a grid that respects the per-dimension limit.
     pub fn grid(&self, groups: u32) -> (u32, u32) {
         let max = self.caps.max_workgroups_per_dim.max(1);

@@ -3,6 +3,8 @@
 
 pub mod copy;
 pub mod dsa;
+pub mod elementwise;
+pub mod embed;
 pub mod gemv;
 pub mod kda;
 pub mod moe;
@@ -50,7 +52,12 @@ pub(crate) use shader_params;
 
 /// Every parameter struct shared with a shader.
 pub fn all_params() -> Vec<ParamsLayout> {
-    let mut v = vec![layout_of::<copy::CopyParams>(), layout_of::<gemv::GemvParams>()];
+    let mut v = vec![
+        layout_of::<copy::CopyParams>(),
+        layout_of::<gemv::GemvParams>(),
+        layout_of::<embed::EmbedParams>(),
+        layout_of::<elementwise::ElementwiseParams>(),
+    ];
     v.extend(kda::params());
     v.extend(dsa::params());
     v.extend(moe::params());
@@ -59,5 +66,5 @@ pub fn all_params() -> Vec<ParamsLayout> {
 
 /// Every kernel variant the engine can build: the table the portability test expands.
 pub fn all_kernels() -> Vec<Kernel> {
-    [copy::KERNELS, gemv::KERNELS, kda::KERNELS, dsa::KERNELS, moe::KERNELS].concat()
+    [copy::KERNELS, gemv::KERNELS, embed::KERNELS, elementwise::KERNELS, kda::KERNELS, dsa::KERNELS, moe::KERNELS].concat()
 }
