@@ -18,3 +18,4 @@ pub mod plan;
 pub mod reference;
 pub mod sample;
 pub mod shaders;
+pub mod trace;

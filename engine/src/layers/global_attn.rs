@@ -1,1 +1,473 @@
-//! The global_attn layer (being written: see the open issue).
+//! A global attention layer (spec 5): gated NoPE MLA with DeepSeek sparse attention, or dense
+//! MLA when the model has no indexer (K3, Kimi Linear). One code path for prefill (T tokens)
+//! and decode (T = 1): projections, cache append, then per block of queries the indexer
+//! scores [Tb, S], top-k and the absorbed sparse attention, so no [T, S] matrix exists for
+//! long prompts. Per-sequence state lives in [`GlobalCache`] (owned by the session).
+
+use crate::checkpoint::TensorView;
+use crate::config::{IndexerConfig, MlaConfig, ModelConfig};
+use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
+use crate::layout::DType;
+use crate::ops::dsa::{self, MlaDims, PagedRows, TopkScratch};
+use crate::ops::gemv::gemv;
+use crate::trace::{Selection, SelectionSink};
+
+/// Scores held per query block: Tb * S <= this many values (64 MiB of f32).
+const SCORE_BUDGET: usize = 16 << 20;
+
+/// The caches of one global layer for one sequence: the latent rows (c 512 | k_pe 64 for
+/// K3.1) and the index keys (128), both bf16, in pages that grow without copying.
+pub struct GlobalCache {
+    pub latent: PagedRows,
+    pub keys: Option<PagedRows>,
+    /// Positions written.
+    pub len: usize,
+}
+
+impl GlobalCache {
+    /// Caches for up to `max_context` positions whose first page holds `page0` rows
+    /// (a power of two; 1024 is a good default).
+    pub fn new(gpu: &Gpu, mla: &MlaConfig, indexer: Option<&IndexerConfig>, max_context: usize, page0: usize) -> Result<GlobalCache, GpuError> {
+        let latent = PagedRows::new(gpu, "latent cache", mla.cache_row(), page0, max_context)?;
+        let keys = match indexer {
+            Some(ix) => Some(PagedRows::new(gpu, "index-key cache", ix.head_dim, page0, max_context)?),
+            None => None,
+        };
+        Ok(GlobalCache { latent, keys, len: 0 })
+    }
+
+    /// Bytes per position of one layer's caches (bf16): (R + E + ID) * 2.
+    pub fn bytes_per_position(mla: &MlaConfig, indexer: Option<&IndexerConfig>) -> usize {
+        2 * (mla.cache_row() + indexer.map_or(0, |i| i.head_dim))
+    }
+
+    /// Bytes per token over all global layers of the model (33,792 for K3.1).
+    pub fn model_bytes_per_token(cfg: &ModelConfig) -> usize {
+        let Some(mla) = &cfg.mla else { return 0 };
+        let layers = cfg.layers.iter().filter(|l| matches!(l.mixer, crate::config::Mixer::Global)).count();
+        layers * Self::bytes_per_position(mla, cfg.indexer.as_ref())
+    }
+
+    /// Bytes the positions written so far occupy.
+    pub fn used_bytes(&self) -> u64 {
+        (self.len * 2 * (self.latent.width + self.keys.as_ref().map_or(0, |k| k.width))) as u64
+    }
+
+    /// Bytes allocated on the GPU (doubling pages: under three times `used_bytes` past the first page).
+    pub fn allocated_bytes(&self) -> u64 {
+        self.latent.allocated_bytes() + self.keys.as_ref().map_or(0, |k| k.allocated_bytes())
+    }
+
+    fn ensure(&mut self, gpu: &Gpu, rows: usize) -> Result<(), GpuError> {
+        self.latent.ensure(gpu, rows)?;
+        if let Some(k) = &mut self.keys {
+            k.ensure(gpu, rows)?;
+        }
+        Ok(())
+    }
+}
+
+/// Omitted-mass diagnostics of one head for one token (spec 5.3 consequence 3).
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct HeadDiagnostics {
+    /// Full-softmax probability mass on positions outside the selection.
+    pub omitted_mass: f32,
+    /// ||y_dense - y_sparse|| of the head's attention output (before gate and o_proj).
+    pub err: f32,
+    /// The same divided by ||y_dense||.
+    pub rel_err: f32,
+    /// Fraction of the dense attention's own top-k (by logit) that the indexer selected.
+    pub recall: f32,
+}
+
+/// Diagnostics of one token in one global layer.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct TokenDiagnostics {
+    pub layer: usize,
+    pub position: usize,
+    pub heads: Vec<HeadDiagnostics>,
+}
+
+/// Per-call options: the selection sink, the opt-in diagnostics and the profiler.
+#[derive(Default)]
+pub struct ForwardOptions<'a> {
+    pub sink: Option<&'a mut dyn SelectionSink>,
+    /// Also run dense attention for every query and report [`TokenDiagnostics`].
+    pub diagnostics: bool,
+    pub profiler: Option<&'a mut Profiler>,
+    /// Upper bound on queries per block (0: from the score budget).
+    pub max_query_block: usize,
+}
+
+struct IndexerWeights {
+    wq_b: GpuTensor,
+    wk: GpuTensor,
+    k_norm_w: wgpu::Buffer,
+    k_norm_b: wgpu::Buffer,
+    weights_proj: GpuTensor,
+    heads: usize,
+    head_dim: usize,
+    topk: usize,
+    eps: f32,
+}
+
+/// One global layer's weights on the GPU and its shapes.
+pub struct GlobalAttn {
+    pub layer: usize,
+    pub dims: MlaDims,
+    hidden: usize,
+    eps: f32,
+    q_a: Option<(GpuTensor, wgpu::Buffer)>,
+    q_b: GpuTensor,
+    kv_a: GpuTensor,
+    kv_a_norm: wgpu::Buffer,
+    kv_b: GpuTensor,
+    g_proj: Option<GpuTensor>,
+    o_proj: GpuTensor,
+    indexer: Option<IndexerWeights>,
+}
+
+fn err(msg: String) -> GpuError {
+    GpuError::Shape(msg)
+}
+
+fn to_f32(v: &TensorView<'_>) -> Result<Vec<f32>, GpuError> {
+    match v.dtype {
+        DType::F32 => Ok(v.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()),
+        DType::BF16 => Ok(v.data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()),
+        DType::F16 => Ok(v.data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()),
+        d => Err(err(format!("expected a float tensor, found {}", d.name()))),
+    }
+}
+
+impl GlobalAttn {
+    /// Uploads layer `layer`'s weights; `lookup` maps a name relative to `…self_attn.` (for
+    /// example `q_a_proj.weight`) to the checkpoint tensor.
+    pub fn load<'a>(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        layer: usize,
+        lookup: &dyn Fn(&str) -> Option<TensorView<'a>>,
+    ) -> Result<GlobalAttn, GpuError> {
+        let mla = cfg.mla.as_ref().ok_or_else(|| err("global layer: the config has no MLA section".into()))?;
+        let dims = MlaDims::from_config(mla);
+        let get = |name: &str| lookup(name).ok_or_else(|| err(format!("layer {layer}: missing tensor self_attn.{name}")));
+        let mat = |name: &str, rows: usize, cols: usize| -> Result<GpuTensor, GpuError> {
+            let v = get(name)?;
+            if v.shape != [rows, cols] {
+                return Err(err(format!("layer {layer}: self_attn.{name} has shape {:?}, expected [{rows}, {cols}]", v.shape)));
+            }
+            GpuTensor::upload(gpu, &format!("layers.{layer}.self_attn.{name}"), v.dtype, v.shape, v.data, None)
+        };
+        let vec = |name: &str, n: usize| -> Result<wgpu::Buffer, GpuError> {
+            let v = get(name)?;
+            let f = to_f32(&v)?;
+            if f.len() != n {
+                return Err(err(format!("layer {layer}: self_attn.{name} has {} values, expected {n}", f.len())));
+            }
+            Ok(gpu.storage_from(name, &f))
+        };
+        let d = cfg.hidden_size;
+        let h = dims.heads;
+        let q_out = h * (dims.nope + dims.rope);
+        let (q_a, q_b) = match mla.q_lora_rank {
+            Some(r) => (Some((mat("q_a_proj.weight", r, d)?, vec("q_a_layernorm.weight", r)?)), mat("q_b_proj.weight", q_out, r)?),
+            None => (None, mat("q_proj.weight", q_out, d)?),
+        };
+        let indexer = match &cfg.indexer {
+            Some(ix) => {
+                let q_in = mla.q_lora_rank.unwrap_or(d);
+                Some(IndexerWeights {
+                    wq_b: mat("indexer.wq_b.weight", ix.n_heads * ix.head_dim, q_in)?,
+                    wk: mat("indexer.wk.weight", ix.head_dim, d)?,
+                    k_norm_w: vec("indexer.k_norm.weight", ix.head_dim)?,
+                    k_norm_b: match lookup("indexer.k_norm.bias") {
+                        Some(_) => vec("indexer.k_norm.bias", ix.head_dim)?,
+                        None => gpu.storage_from("k_norm.bias", &vec![0f32; ix.head_dim]),
+                    },
+                    weights_proj: mat("indexer.weights_proj.weight", ix.n_heads, d)?,
+                    heads: ix.n_heads,
+                    head_dim: ix.head_dim,
+                    topk: ix.topk,
+                    eps: ix.key_norm_eps,
+                })
+            }
+            None => None,
+        };
+        Ok(GlobalAttn {
+            layer,
+            dims,
+            hidden: d,
+            eps: mla.latent_norm_eps,
+            q_a,
+            q_b,
+            kv_a: mat("kv_a_proj_with_mqa.weight", dims.width(), d)?,
+            kv_a_norm: vec("kv_a_layernorm.weight", dims.latent)?,
+            kv_b: mat("kv_b_proj.weight", h * (dims.nope + dims.v_dim), dims.latent)?,
+            g_proj: if mla.output_gate { Some(mat("g_proj.weight", h * dims.v_dim, d)?) } else { None },
+            o_proj: mat("o_proj.weight", d, h * dims.v_dim)?,
+            indexer,
+        })
+    }
+
+    /// Runs the layer on `x` [T, hidden] f32 for the next T positions of `cache`, writes
+    /// out [T, hidden] f32 and submits the work. Returns the diagnostics when asked for.
+    pub fn forward(
+        &self,
+        gpu: &Gpu,
+        x: &wgpu::Buffer,
+        n_tokens: usize,
+        cache: &mut GlobalCache,
+        out: &wgpu::Buffer,
+        opts: &mut ForwardOptions<'_>,
+    ) -> Result<Vec<TokenDiagnostics>, GpuError> {
+        let t_n = n_tokens;
+        let d = self.hidden;
+        let dm = self.dims;
+        let h = dm.heads;
+        if t_n == 0 {
+            return Ok(Vec::new());
+        }
+        if (x.size() as usize) < t_n * d * 4 || (out.size() as usize) < t_n * d * 4 {
+            return Err(err(format!("global layer {}: x and out must hold [{t_n}, {d}] f32", self.layer)));
+        }
+        if self.indexer.is_some() != cache.keys.is_some() {
+            return Err(err(format!("global layer {}: cache and layer disagree on the indexer", self.layer)));
+        }
+        let pos0 = cache.len;
+        let n_pos = pos0 + t_n;
+        cache.ensure(gpu, n_pos)?;
+        let q_w = h * (dm.nope + dm.rope);
+        let vo = h * dm.v_dim;
+        let r = self.q_a.as_ref().map_or(d, |(w, _)| w.rows());
+        let buf = |label: &str, n: usize| gpu.storage(label, (n * 4) as u64);
+        let cq = buf("c_q [T, r]", t_n * r);
+        let q = buf("q [T, H*(nope+rope)]", t_n * q_w);
+        let kv = buf("kv [T, R+E]", t_n * dm.width());
+        let g = buf("gate [T, H*V]", t_n * vo);
+        let (ih, id) = self.indexer.as_ref().map_or((1, 8), |i| (i.heads, i.head_dim));
+        let qi = buf("qI [T, IH, ID]", t_n * ih * id);
+        let ki = buf("kI [T, ID]", t_n * id);
+        let wi = buf("wI [T, IH]", t_n * ih);
+        let biggest = [d, r, q_w, dm.width(), vo, ih * id].into_iter().max().unwrap_or(d);
+        let xs = buf("x row", biggest);
+        let ys = buf("y row", biggest);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let mut prof = opts.profiler.as_deref_mut();
+        // Projections, one token at a time through the GEMV.
+        let proj = |enc: &mut wgpu::CommandEncoder, w: &GpuTensor, src: &wgpu::Buffer, dst: &wgpu::Buffer, t: usize, prof: Option<&mut Profiler>| {
+            let (cols, rows) = (w.row_len(), w.rows());
+            enc.copy_buffer_to_buffer(src, (t * cols * 4) as u64, &xs, 0, (cols * 4) as u64);
+            gemv(gpu, enc, w, &xs, &ys, prof)?;
+            enc.copy_buffer_to_buffer(&ys, 0, dst, (t * rows * 4) as u64, (rows * 4) as u64);
+            Ok::<(), GpuError>(())
+        };
+        for t in 0..t_n {
+            if let Some((qa, _)) = &self.q_a {
+                proj(&mut enc, qa, x, &cq, t, prof.as_deref_mut())?;
+            }
+            proj(&mut enc, &self.kv_a, x, &kv, t, prof.as_deref_mut())?;
+            if let Some(gp) = &self.g_proj {
+                proj(&mut enc, gp, x, &g, t, prof.as_deref_mut())?;
+            }
+            if let Some(ix) = &self.indexer {
+                proj(&mut enc, &ix.wk, x, &ki, t, prof.as_deref_mut())?;
+                proj(&mut enc, &ix.weights_proj, x, &wi, t, prof.as_deref_mut())?;
+            }
+        }
+        let q_src = match &self.q_a {
+            Some((_, norm)) => {
+                dsa::row_norm(gpu, &mut enc, &cq, t_n, r, 0, r, self.eps, norm, None, prof.as_deref_mut())?;
+                &cq
+            }
+            None => x,
+        };
+        for t in 0..t_n {
+            proj(&mut enc, &self.q_b, q_src, &q, t, prof.as_deref_mut())?;
+            if let Some(ix) = &self.indexer {
+                proj(&mut enc, &ix.wq_b, q_src, &qi, t, prof.as_deref_mut())?;
+            }
+        }
+        // Cache rows: normalised latent | raw k_pe, and the LayerNorm'd index key.
+        dsa::row_norm(gpu, &mut enc, &kv, t_n, dm.width(), 0, dm.latent, self.eps, &self.kv_a_norm, None, prof.as_deref_mut())?;
+        cache.latent.write(gpu, &mut enc, &kv, dm.width(), 0, 0, t_n, pos0)?;
+        if let (Some(ix), Some(keys)) = (&self.indexer, &cache.keys) {
+            dsa::row_norm(gpu, &mut enc, &ki, t_n, id, 0, id, ix.eps, &ix.k_norm_w, Some(&ix.k_norm_b), prof.as_deref_mut())?;
+            keys.write(gpu, &mut enc, &ki, id, 0, 0, t_n, pos0)?;
+        }
+        cache.len = n_pos;
+        let qa = buf("qa [T, H, R+E]", t_n * h * dm.width());
+        dsa::mla_absorb(gpu, &mut enc, &dm, &cache.latent, &q, &self.kv_b, &qa, t_n, prof.as_deref_mut())?;
+        let o = buf("o [T, H*V]", t_n * vo);
+        let lse = buf("lse [T, H]", t_n * h);
+        let gate = self.g_proj.as_ref().map(|_| &g);
+        // Query blocks: the scores of one block are [Tb, S].
+        let mut tb = (SCORE_BUDGET / n_pos).clamp(1, t_n);
+        if opts.max_query_block > 0 {
+            tb = tb.min(opts.max_query_block);
+        }
+        if opts.diagnostics {
+            tb = 1;
+        }
+        let mut diags = Vec::new();
+        let split_max = dsa::attend_splits(self.indexer.as_ref().map_or(n_pos, |i| i.topk.min(n_pos)));
+        let part = gpu.storage("mla partials", dsa::partial_bytes(&dm, tb, split_max) as u64);
+        let qa_b = buf("qa block", tb * h * dm.width());
+        let o_b = buf("o block", tb * vo);
+        let g_b = buf("gate block", tb * vo);
+        let lse_b = buf("lse block", tb * h);
+        let ix_state = match &self.indexer {
+            Some(ix) => {
+                let scratch = TopkScratch::new(gpu, tb.max(if opts.diagnostics { h } else { 1 }), n_pos, ix.topk)?;
+                Some((ix, scratch, buf("scores [Tb, S]", tb * n_pos), buf("qI block", tb * ih * id), buf("wI block", tb * ih)))
+            }
+            None => None,
+        };
+        let sel = buf("sel [Tb, k]", tb * ix_state.as_ref().map_or(1, |s| s.0.topk));
+        let sel_score = buf("sel scores [Tb, k]", tb * ix_state.as_ref().map_or(1, |s| s.0.topk));
+        let copy_rows = |enc: &mut wgpu::CommandEncoder, src: &wgpu::Buffer, dst: &wgpu::Buffer, row: usize, t0: usize, n: usize, back: bool| {
+            let (a, b) = ((t0 * row * 4) as u64, (n * row * 4) as u64);
+            if back {
+                enc.copy_buffer_to_buffer(src, 0, dst, a, b);
+            } else {
+                enc.copy_buffer_to_buffer(src, a, dst, 0, b);
+            }
+        };
+        let mut t0 = 0;
+        while t0 < t_n {
+            let nb = tb.min(t_n - t0);
+            let qpos = pos0 + t0;
+            copy_rows(&mut enc, &qa, &qa_b, h * dm.width(), t0, nb, false);
+            if gate.is_some() {
+                copy_rows(&mut enc, &g, &g_b, vo, t0, nb, false);
+            }
+            let sel_arg = match (&ix_state, &cache.keys) {
+                (Some((ix, scratch, scores, qi_b, wi_b)), Some(keys)) => {
+                    copy_rows(&mut enc, &qi, qi_b, ih * id, t0, nb, false);
+                    copy_rows(&mut enc, &wi, wi_b, ih, t0, nb, false);
+                    let s_len = qpos + nb;
+                    dsa::index_scores(gpu, &mut enc, keys, ix.heads, qi_b, wi_b, scores, nb, qpos, s_len, s_len, prof.as_deref_mut())?;
+                    dsa::topk(gpu, &mut enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;
+                    Some((&sel, ix.topk))
+                }
+                _ => None,
+            };
+            let gate_b = gate.map(|_| &g_b);
+            dsa::mla_attention(gpu, &mut enc, &dm, &cache.latent, &qa_b, sel_arg, &self.kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut())?;
+            copy_rows(&mut enc, &o_b, &o, vo, t0, nb, true);
+            copy_rows(&mut enc, &lse_b, &lse, h, t0, nb, true);
+            let listening = opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) && sel_arg.is_some();
+            if listening || (opts.diagnostics && sel_arg.is_some()) {
+                gpu.queue.submit([std::mem::replace(&mut enc, gpu.device.create_command_encoder(&Default::default())).finish()]);
+            }
+            if let (true, Some((_, k))) = (listening, sel_arg) {
+                let pos: Vec<i32> = gpu.read(&sel, nb * k)?;
+                let sc: Vec<f32> = gpu.read(&sel_score, nb * k)?;
+                if let Some(sink) = opts.sink.as_deref_mut() {
+                    for i in 0..nb {
+                        let n = k.min(qpos + i + 1);
+                        sink.record(Selection {
+                            layer: self.layer,
+                            position: qpos + i,
+                            positions: &pos[i * k..i * k + n],
+                            scores: &sc[i * k..i * k + n],
+                        });
+                    }
+                }
+            }
+            if let (true, Some((ix, scratch, ..))) = (opts.diagnostics, &ix_state) {
+                diags.push(self.diagnose(gpu, cache, &qa_b, &sel, ix.topk, scratch, &part, qpos)?);
+            }
+            t0 += nb;
+        }
+        for t in 0..t_n {
+            proj(&mut enc, &self.o_proj, &o, out, t, prof.as_deref_mut())?;
+        }
+        gpu.queue.submit([enc.finish()]);
+        Ok(diags)
+    }
+
+    /// Dense vs sparse attention for one query at `qpos` (qa holds its [H, R+E] row and sel
+    /// its selection): omitted mass, output error and the indexer's recall, per head.
+    #[allow(clippy::too_many_arguments)]
+    fn diagnose(
+        &self,
+        gpu: &Gpu,
+        cache: &GlobalCache,
+        qa: &wgpu::Buffer,
+        sel: &wgpu::Buffer,
+        k: usize,
+        scratch: &TopkScratch,
+        part: &wgpu::Buffer,
+        qpos: usize,
+    ) -> Result<TokenDiagnostics, GpuError> {
+        let dm = self.dims;
+        let h = dm.heads;
+        let n_pos = qpos + 1;
+        let vo = h * dm.v_dim;
+        let buf = |label: &str, n: usize| gpu.storage(label, (n * 4) as u64);
+        let (o_s, l_s, o_d, l_d) = (buf("o sparse", vo), buf("lse sparse", h), buf("o dense", vo), buf("lse dense", h));
+        let part_d = gpu.storage("dense partials", dsa::partial_bytes(&dm, 1, dsa::attend_splits(n_pos)) as u64);
+        let logits = buf("logits [H, S]", h * n_pos);
+        let (asel, ascore) = (buf("attn top-k", h * k), buf("attn top-k scores", h * k));
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        dsa::mla_attention(gpu, &mut enc, &dm, &cache.latent, qa, Some((sel, k)), &self.kv_b, None, part, &o_s, &l_s, 1, qpos, None)?;
+        dsa::mla_attention(gpu, &mut enc, &dm, &cache.latent, qa, None, &self.kv_b, None, &part_d, &o_d, &l_d, 1, qpos, None)?;
+        dsa::mla_logits(gpu, &mut enc, &dm, &cache.latent, qa, &logits, 1, qpos, n_pos, None)?;
+        // Every head row is fully valid: pos0 = n_pos makes valid = n_pos for all rows.
+        dsa::topk(gpu, &mut enc, scratch, &logits, n_pos, h, n_pos, n_pos, &asel, &ascore, None)?;
+        gpu.queue.submit([enc.finish()]);
+        let (os, ls, od, ld): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) =
+            (gpu.read(&o_s, vo)?, gpu.read(&l_s, h)?, gpu.read(&o_d, vo)?, gpu.read(&l_d, h)?);
+        let chosen: Vec<i32> = gpu.read(sel, k)?;
+        let attn_top: Vec<i32> = gpu.read(&asel, h * k)?;
+        let k_eff = k.min(n_pos);
+        let chosen: std::collections::HashSet<i32> = chosen[..k_eff].iter().copied().collect();
+        let heads = (0..h)
+            .map(|i| {
+                let (ys, yd) = (&os[i * dm.v_dim..(i + 1) * dm.v_dim], &od[i * dm.v_dim..(i + 1) * dm.v_dim]);
+                let e = ys.iter().zip(yd).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
+                let nd = yd.iter().map(|b| (*b as f64).powi(2)).sum::<f64>().sqrt();
+                let top = &attn_top[i * k..i * k + k_eff];
+                let hit = top.iter().filter(|p| chosen.contains(p)).count();
+                HeadDiagnostics {
+                    omitted_mass: (1.0 - ((ls[i] - ld[i]) as f64).exp()).max(0.0) as f32,
+                    err: e as f32,
+                    rel_err: if nd > 0.0 { (e / nd) as f32 } else { 0.0 },
+                    recall: hit as f32 / k_eff.max(1) as f32,
+                }
+            })
+            .collect();
+        Ok(TokenDiagnostics { layer: self.layer, position: qpos, heads })
+    }
+}
+
+/// Mean and worst value of each diagnostic per head over tokens (the per-layer report).
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct DiagnosticsSummary {
+    pub layer: usize,
+    pub tokens: usize,
+    pub mean: Vec<HeadDiagnostics>,
+    /// Largest omitted mass / errors, smallest recall.
+    pub worst: Vec<HeadDiagnostics>,
+}
+
+pub fn summarize(layer: usize, tokens: &[TokenDiagnostics]) -> DiagnosticsSummary {
+    let h = tokens.first().map_or(0, |t| t.heads.len());
+    let n = tokens.len().max(1) as f32;
+    let mut mean = vec![HeadDiagnostics::default(); h];
+    let mut worst = vec![HeadDiagnostics { recall: 1.0, ..Default::default() }; h];
+    for t in tokens {
+        for (i, d) in t.heads.iter().enumerate().take(h) {
+            mean[i].omitted_mass += d.omitted_mass / n;
+            mean[i].err += d.err / n;
+            mean[i].rel_err += d.rel_err / n;
+            mean[i].recall += d.recall / n;
+            worst[i].omitted_mass = worst[i].omitted_mass.max(d.omitted_mass);
+            worst[i].err = worst[i].err.max(d.err);
+            worst[i].rel_err = worst[i].rel_err.max(d.rel_err);
+            worst[i].recall = worst[i].recall.min(d.recall);
+        }
+    }
+    DiagnosticsSummary { layer, tokens: tokens.len(), mean, worst }
+}

@@ -1,9 +1,747 @@
-//! Host side of shaders/dsa.wgsl (being written: see the open issue).
+//! Host side of the DSA kernels: shaders/indexer.wgsl (lightning indexer scores),
+//! shaders/topk.wgsl (radix top-k), shaders/mla.wgsl (absorbed sparse MLA) and
+//! shaders/dsa_misc.wgsl (row norms, bf16 cache writes), plus the paged row store that
+//! holds the per-sequence caches on the GPU.
 
-use crate::gpu::Kernel;
+use super::shader_params;
+use crate::gpu::{Gpu, GpuError, GpuTensor, Kernel, Profiler};
+use crate::layout::DType;
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
 
-pub const KERNELS: &[Kernel] = &[];
+shader_params!(
+    /// Mirrors `IndexParams` in shaders/indexer.wgsl.
+    IndexParams in "indexer" {
+        n_queries: u32, row_stride: u32, q_pos0: u32, n_pos: u32,
+        page0: u32, shift_max: u32, w_scale: f32, _pad: u32,
+    }
+);
+shader_params!(
+    /// Mirrors `TopkParams` in shaders/topk.wgsl.
+    TopkParams in "topk" {
+        n_rows: u32, row_stride: u32, k: u32, pos0: u32, row_len: u32, _p0: u32, _p1: u32, _p2: u32,
+    }
+);
+shader_params!(
+    /// Mirrors `MlaParams` in shaders/mla.wgsl.
+    MlaParams in "mla" {
+        n_heads: u32, latent: u32, rope: u32, nope: u32,
+        v_dim: u32, n_queries: u32, q_pos0: u32, k: u32,
+        splits: u32, dense: u32, has_gate: u32, q_stride: u32,
+        page0: u32, shift_max: u32, scale: f32, logit_stride: u32,
+    }
+);
+shader_params!(
+    /// Mirrors `NormParams` in shaders/dsa_misc.wgsl.
+    NormParams in "dsa_misc" { rows: u32, stride: u32, offset: u32, n: u32, eps: f32, _p0: u32, _p1: u32, _p2: u32 }
+);
+shader_params!(
+    /// Mirrors `CacheWriteParams` in shaders/dsa_misc.wgsl.
+    CacheWriteParams in "dsa_misc" {
+        rows: u32, src_stride: u32, src_offset: u32, width: u32, dst_row0: u32, _p0: u32, _p1: u32, _p2: u32,
+    }
+);
+
+/// Indexer variants are specialised on (heads, head_dim); these two are validated in CI
+/// (K3.1 and the tiny/test shapes), others are built on demand by [`index_kernel`].
+pub const INDEX_SCORES_K31: Kernel =
+    Kernel::new("index_scores_32x128", "indexer", "index_scores").with_constants(&[("IH", 32.0), ("ID", 128.0)]);
+pub const INDEX_SCORES_4X32: Kernel =
+    Kernel::new("index_scores_4x32", "indexer", "index_scores").with_constants(&[("IH", 4.0), ("ID", 32.0)]);
+pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
+pub const TOPK_FILTER: Kernel = Kernel::new("topk_filter", "topk", "topk_filter");
+pub const TOPK_FINAL_256: Kernel = Kernel::new("topk_final_256", "topk", "topk_final").with_constants(&[("FWG", 256.0)]);
+pub const TOPK_FINAL_1024: Kernel =
+    Kernel::new("topk_final_1024", "topk", "topk_final").with_constants(&[("FWG", 1024.0)]);
+pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
+pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
+pub const MLA_COMBINE: Kernel = Kernel::new("mla_combine", "mla", "mla_combine");
+pub const MLA_LOGITS: Kernel = Kernel::new("mla_logits", "mla", "mla_logits");
+pub const RMS_NORM: Kernel = Kernel::new("dsa_rms_norm", "dsa_misc", "rms_norm");
+pub const LAYER_NORM: Kernel = Kernel::new("dsa_layer_norm", "dsa_misc", "layer_norm");
+pub const CACHE_WRITE: Kernel = Kernel::new("dsa_cache_write", "dsa_misc", "cache_write");
+
+pub const KERNELS: &[Kernel] = &[
+    INDEX_SCORES_K31,
+    INDEX_SCORES_4X32,
+    TOPK_HIST,
+    TOPK_FILTER,
+    TOPK_FINAL_256,
+    TOPK_FINAL_1024,
+    MLA_ABSORB,
+    MLA_ATTEND,
+    MLA_COMBINE,
+    MLA_LOGITS,
+    RMS_NORM,
+    LAYER_NORM,
+    CACHE_WRITE,
+];
 
 pub fn params() -> Vec<super::ParamsLayout> {
-    Vec::new()
+    use super::layout_of;
+    vec![
+        layout_of::<IndexParams>(),
+        layout_of::<TopkParams>(),
+        layout_of::<MlaParams>(),
+        layout_of::<NormParams>(),
+        layout_of::<CacheWriteParams>(),
+    ]
+}
+
+/// Largest supported top-k (the final pass sorts in workgroup memory).
+pub const MAX_TOPK: usize = 2048;
+/// Page bindings of the paged caches (indexer.wgsl k0..k15, mla.wgsl c0..c15).
+pub const MAX_PAGES: usize = 16;
+const TOPK_CHUNK: usize = 4096;
+const TOPK_BINS: usize = 4096;
+
+/// The indexer kernel specialised on `heads` x `head_dim` (built once per shape).
+pub fn index_kernel(heads: usize, head_dim: usize) -> Result<Kernel, GpuError> {
+    if heads == 0 || heads > 64 || head_dim == 0 || head_dim % 8 != 0 || heads * head_dim > 4096 {
+        return Err(GpuError::Shape(format!(
+            "indexer: {heads} heads x {head_dim} unsupported (needs heads <= 64, head_dim a multiple of 8, heads*head_dim <= 4096)"
+        )));
+    }
+    match (heads, head_dim) {
+        (32, 128) => return Ok(INDEX_SCORES_K31),
+        (4, 32) => return Ok(INDEX_SCORES_4X32),
+        _ => {}
+    }
+    static BUILT: OnceLock<Mutex<HashMap<(usize, usize), Kernel>>> = OnceLock::new();
+    let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    let k = built.entry((heads, head_dim)).or_insert_with(|| {
+        // One small leak per distinct indexer shape: pipeline names and constants are 'static.
+        let name: &'static str = Box::leak(format!("index_scores_{heads}x{head_dim}").into_boxed_str());
+        let constants: &'static [(&'static str, f64)] =
+            Box::leak(vec![("IH", heads as f64), ("ID", head_dim as f64)].into_boxed_slice());
+        Kernel::new(name, "indexer", "index_scores").with_constants(constants)
+    });
+    Ok(*k)
+}
+
+fn shape_err(msg: String) -> GpuError {
+    GpuError::Shape(msg)
+}
+
+fn need(buf: &wgpu::Buffer, bytes: usize, what: &str) -> Result<(), GpuError> {
+    if (buf.size() as usize) < bytes {
+        return Err(shape_err(format!("{what}: buffer of {} bytes, needs {bytes}", buf.size())));
+    }
+    Ok(())
+}
+
+/// Records one labelled compute pass with `dispatches` (bind group, workgroups) of `kernel`.
+fn run(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    kernel: &Kernel,
+    entries: &[(u32, &wgpu::Buffer)],
+    groups: [u32; 3],
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let pipeline = gpu.pipelines.get(gpu, kernel)?;
+    let bind = make_bind(gpu, &pipeline, kernel, entries);
+    let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind, &[]);
+    pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    Ok(())
+}
+
+fn make_bind(gpu: &Gpu, pipeline: &wgpu::ComputePipeline, kernel: &Kernel, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
+    let e: Vec<wgpu::BindGroupEntry> =
+        entries.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
+    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(kernel.name),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &e,
+    })
+}
+
+fn check_groups(gpu: &Gpu, what: &str, groups: [u32; 3]) -> Result<(), GpuError> {
+    let max = gpu.caps.max_workgroups_per_dim;
+    if groups.iter().any(|&g| g > max) {
+        return Err(shape_err(format!("{what}: grid {groups:?} exceeds {max} workgroups per dimension")));
+    }
+    Ok(())
+}
+
+/// Rows of `width` bf16 values in pages that never move: page i holds
+/// `page0 << min(i, shift_max)` rows, so growth allocates a new page and copies nothing;
+/// at most [`MAX_PAGES`] pages, each within one storage binding.
+pub struct PagedRows {
+    pub label: String,
+    /// bf16 values per row.
+    pub width: usize,
+    pub page0: usize,
+    pub shift_max: u32,
+    pub max_rows: usize,
+    pages: Vec<wgpu::Buffer>,
+    dummy: wgpu::Buffer,
+}
+
+impl PagedRows {
+    /// A store for up to `max_rows` rows whose first page holds `page0` rows (a power of two).
+    pub fn new(gpu: &Gpu, label: &str, width: usize, page0: usize, max_rows: usize) -> Result<PagedRows, GpuError> {
+        if width == 0 || width % 8 != 0 {
+            return Err(shape_err(format!("{label}: row width {width} must be a positive multiple of 8")));
+        }
+        if page0 == 0 || !page0.is_power_of_two() || page0 > (1 << 20) {
+            return Err(shape_err(format!("{label}: first page of {page0} rows must be a power of two <= 2^20")));
+        }
+        let row_bytes = (width * 2) as u64;
+        if page0 as u64 * row_bytes > gpu.caps.max_binding {
+            return Err(GpuError::TooLarge { what: format!("{label} page"), needed: page0 as u64 * row_bytes, limit: gpu.caps.max_binding });
+        }
+        // Double while the next page still fits one binding and the context is not covered.
+        let mut shift_max = 0u32;
+        loop {
+            let covered = page0 * ((2usize << shift_max) - 1);
+            let next = ((page0 as u64) << (shift_max + 1)) * row_bytes;
+            if covered >= max_rows || next > gpu.caps.max_binding || shift_max + 1 >= MAX_PAGES as u32 {
+                break;
+            }
+            shift_max += 1;
+        }
+        let store = PagedRows {
+            label: label.into(),
+            width,
+            page0,
+            shift_max,
+            max_rows,
+            pages: Vec::new(),
+            dummy: gpu.storage(&format!("{label} unused page"), 16),
+        };
+        let pages = store.pages_for(max_rows);
+        if pages > MAX_PAGES {
+            return Err(shape_err(format!(
+                "{label}: {max_rows} rows of {width} bf16 need {pages} pages of at most {} bytes; the kernels bind {MAX_PAGES}. \
+                 Lower the context length or use an adapter with larger storage bindings",
+                gpu.caps.max_binding
+            )));
+        }
+        Ok(store)
+    }
+
+    pub fn page_rows(&self, i: usize) -> usize {
+        self.page0 << (i as u32).min(self.shift_max)
+    }
+
+    pub fn page_start(&self, i: usize) -> usize {
+        (0..i).map(|j| self.page_rows(j)).sum()
+    }
+
+    /// (page, row within the page) of a position; the shaders' `locate`.
+    pub fn locate(&self, pos: usize) -> (usize, usize) {
+        let mut start = 0;
+        let mut i = 0;
+        loop {
+            let n = self.page_rows(i);
+            if pos < start + n {
+                return (i, pos - start);
+            }
+            start += n;
+            i += 1;
+        }
+    }
+
+    fn pages_for(&self, rows: usize) -> usize {
+        let mut covered = 0;
+        let mut i = 0;
+        while covered < rows {
+            covered += self.page_rows(i);
+            i += 1;
+        }
+        i
+    }
+
+    /// Rows the allocated pages hold.
+    pub fn capacity(&self) -> usize {
+        self.page_start(self.pages.len())
+    }
+
+    /// Allocates pages until `rows` rows fit (never moves existing rows).
+    pub fn ensure(&mut self, gpu: &Gpu, rows: usize) -> Result<(), GpuError> {
+        if rows > self.max_rows {
+            return Err(shape_err(format!("{}: {rows} positions exceed the configured context of {}", self.label, self.max_rows)));
+        }
+        while self.capacity() < rows {
+            let i = self.pages.len();
+            let bytes = (self.page_rows(i) * self.width * 2) as u64;
+            self.pages.push(gpu.storage(&format!("{} page {i}", self.label), bytes));
+        }
+        Ok(())
+    }
+
+    pub fn allocated_bytes(&self) -> u64 {
+        self.pages.iter().map(|b| b.size()).sum()
+    }
+
+    pub fn pages(&self) -> &[wgpu::Buffer] {
+        &self.pages
+    }
+
+    /// The 16 page bindings (unused slots bound to a placeholder).
+    fn slots(&self) -> [&wgpu::Buffer; MAX_PAGES] {
+        std::array::from_fn(|i| self.pages.get(i).unwrap_or(&self.dummy))
+    }
+
+    /// Records writes of `rows` rows (`width` f32 values each at `src_offset` of rows of
+    /// `src_stride` in `src`, starting at row `src_row0`) to positions `pos0..pos0+rows`, rounded to bf16.
+    #[allow(clippy::too_many_arguments)]
+    pub fn write(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        src_stride: usize,
+        src_offset: usize,
+        src_row0: usize,
+        rows: usize,
+        pos0: usize,
+    ) -> Result<(), GpuError> {
+        if pos0 + rows > self.capacity() {
+            return Err(shape_err(format!("{}: write of rows {pos0}..{} beyond the allocated pages", self.label, pos0 + rows)));
+        }
+        if src_offset + self.width > src_stride {
+            return Err(shape_err(format!("{}: source rows of {src_stride} cannot hold {} values at {src_offset}", self.label, self.width)));
+        }
+        need(src, (src_row0 + rows) * src_stride * 4, "cache write source")?;
+        let mut done = 0;
+        while done < rows {
+            let (page, row) = self.locate(pos0 + done);
+            let n = (self.page_rows(page) - row).min(rows - done);
+            let params = CacheWriteParams {
+                rows: n as u32,
+                src_stride: src_stride as u32,
+                src_offset: ((src_row0 + done) * src_stride + src_offset) as u32,
+                width: self.width as u32,
+                dst_row0: row as u32,
+                ..Default::default()
+            };
+            let u = gpu.uniform("cache write params", &params);
+            let threads = (n * self.width / 2) as u32;
+            let (gx, gy) = gpu.grid(threads.div_ceil(256));
+            run(gpu, enc, &CACHE_WRITE, &[(4, &u), (5, src), (6, &self.pages[page])], [gx, gy, 1], None)?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Reads rows `0..rows` back as f32 (tests, diagnostics, snapshots).
+    pub fn download(&self, gpu: &Gpu, rows: usize) -> Result<Vec<f32>, GpuError> {
+        let mut out = Vec::with_capacity(rows * self.width);
+        let mut i = 0;
+        while out.len() < rows * self.width {
+            let n = self.page_rows(i).min(rows - out.len() / self.width);
+            let bytes = gpu.read_bytes(&self.pages[i], 0, (n * self.width * 2) as u64)?;
+            out.extend(bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()));
+            i += 1;
+        }
+        Ok(out)
+    }
+
+    /// Uploads f32 rows (rounded to bf16) to positions `0..rows` (tests and benchmarks).
+    pub fn upload(&mut self, gpu: &Gpu, data: &[f32]) -> Result<(), GpuError> {
+        let rows = data.len() / self.width;
+        self.ensure(gpu, rows)?;
+        let mut at = 0;
+        let mut i = 0;
+        while at < rows {
+            let n = self.page_rows(i).min(rows - at);
+            let bytes: Vec<u8> = data[at * self.width..(at + n) * self.width]
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect();
+            gpu.queue.write_buffer(&self.pages[i], 0, &bytes);
+            at += n;
+            i += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Indexer scores for `n_queries` queries at positions `q_pos0..`: scores[t, s] for
+/// s < n_pos (-inf beyond q_pos0 + t). q: [T, IH, ID] f32; w: [T, IH] f32 (raw weights_proj
+/// output, scaled here by IH^-1/2 ID^-1/2); scores: [T, row_stride] f32.
+#[allow(clippy::too_many_arguments)]
+pub fn index_scores(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    keys: &PagedRows,
+    heads: usize,
+    q: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    scores: &wgpu::Buffer,
+    n_queries: usize,
+    q_pos0: usize,
+    n_pos: usize,
+    row_stride: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let id = keys.width;
+    let kernel = index_kernel(heads, id)?;
+    if n_pos > keys.capacity() || n_pos > row_stride || n_queries == 0 {
+        return Err(shape_err(format!(
+            "index_scores: {n_pos} positions with {} cached, row stride {row_stride}, {n_queries} queries",
+            keys.capacity()
+        )));
+    }
+    need(q, n_queries * heads * id * 4, "index_scores q")?;
+    need(w, n_queries * heads * 4, "index_scores w")?;
+    need(scores, n_queries * row_stride * 4, "index_scores scores")?;
+    let params = IndexParams {
+        n_queries: n_queries as u32,
+        row_stride: row_stride as u32,
+        q_pos0: q_pos0 as u32,
+        n_pos: n_pos as u32,
+        page0: keys.page0 as u32,
+        shift_max: keys.shift_max,
+        w_scale: ((heads * id) as f32).powf(-0.5),
+        _pad: 0,
+    };
+    let u = gpu.uniform("index params", &params);
+    let slots = keys.slots();
+    let mut entries = vec![(0, &u), (1, q), (2, w), (3, scores)];
+    entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
+    let groups = [n_pos.div_ceil(256) as u32, n_queries as u32, 1];
+    check_groups(gpu, "index_scores", groups)?;
+    run(gpu, enc, &kernel, &entries, groups, profiler)
+}
+
+/// Scratch of the top-k select for up to `rows` rows of `row_len` positions.
+pub struct TopkScratch {
+    pub rows: usize,
+    pub row_len: usize,
+    pub k: usize,
+    hist: wgpu::Buffer,
+    state: wgpu::Buffer,
+    def: wgpu::Buffer,
+    cand: wgpu::Buffer,
+}
+
+impl TopkScratch {
+    pub fn new(gpu: &Gpu, rows: usize, row_len: usize, k: usize) -> Result<TopkScratch, GpuError> {
+        if k == 0 || k > MAX_TOPK {
+            return Err(shape_err(format!("top-k: k = {k} unsupported (1..={MAX_TOPK})")));
+        }
+        let cand_bytes = (rows * row_len * 4) as u64;
+        if cand_bytes > gpu.caps.max_binding {
+            return Err(GpuError::TooLarge { what: "top-k candidate list".into(), needed: cand_bytes, limit: gpu.caps.max_binding });
+        }
+        Ok(TopkScratch {
+            rows,
+            row_len,
+            k,
+            hist: gpu.storage("topk hist", (rows * TOPK_BINS * 4) as u64),
+            state: gpu.storage("topk state", (rows * 16) as u64),
+            def: gpu.storage("topk def", (rows * k * 4) as u64),
+            cand: gpu.storage("topk cand", cand_bytes),
+        })
+    }
+}
+
+/// Top-k of `n_rows` score rows (stride `row_stride`), row r valid on
+/// `[0, min(pos0 + r + 1, row_len))`. Writes sel [n_rows, k] i32 (score desc, position asc,
+/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, three dispatches.
+#[allow(clippy::too_many_arguments)]
+pub fn topk(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    scratch: &TopkScratch,
+    scores: &wgpu::Buffer,
+    row_stride: usize,
+    n_rows: usize,
+    pos0: usize,
+    row_len: usize,
+    sel: &wgpu::Buffer,
+    sel_score: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let k = scratch.k;
+    if n_rows == 0 || n_rows > scratch.rows || row_len > scratch.row_len || row_len > row_stride {
+        return Err(shape_err(format!(
+            "topk: {n_rows} rows of {row_len} (stride {row_stride}) with scratch for {} rows of {}",
+            scratch.rows, scratch.row_len
+        )));
+    }
+    need(scores, n_rows * row_stride * 4, "topk scores")?;
+    need(sel, n_rows * k * 4, "topk sel")?;
+    need(sel_score, n_rows * k * 4, "topk sel_score")?;
+    let params = TopkParams {
+        n_rows: n_rows as u32,
+        row_stride: row_stride as u32,
+        k: k as u32,
+        pos0: pos0 as u32,
+        row_len: scratch.row_len as u32,
+        ..Default::default()
+    };
+    // Valid lengths never exceed row_len: clamp through the params' row_len.
+    let params = TopkParams { row_len: row_len as u32, ..params };
+    let u = gpu.uniform("topk params", &params);
+    let chunks = row_len.div_ceil(TOPK_CHUNK).max(1) as u32;
+    let max = gpu.caps.max_workgroups_per_dim;
+    let (ry, rz) = if n_rows as u32 <= max { (n_rows as u32, 1) } else { (max, (n_rows as u32).div_ceil(max)) };
+    check_groups(gpu, "topk", [chunks, ry, rz])?;
+    let final_kernel = if gpu.caps.max_invocations >= 1024 { TOPK_FINAL_1024 } else { TOPK_FINAL_256 };
+    let hist_p = gpu.pipelines.get(gpu, &TOPK_HIST)?;
+    let filter_p = gpu.pipelines.get(gpu, &TOPK_FILTER)?;
+    let final_p = gpu.pipelines.get(gpu, &final_kernel)?;
+    let b_hist = make_bind(gpu, &hist_p, &TOPK_HIST, &[(0, &u), (1, scores), (2, &scratch.hist)]);
+    let b_filter = make_bind(
+        gpu,
+        &filter_p,
+        &TOPK_FILTER,
+        &[(0, &u), (1, scores), (2, &scratch.hist), (3, &scratch.state), (4, &scratch.def), (5, &scratch.cand)],
+    );
+    let b_final = make_bind(
+        gpu,
+        &final_p,
+        &final_kernel,
+        &[
+            (0, &u),
+            (1, scores),
+            (2, &scratch.hist),
+            (3, &scratch.state),
+            (4, &scratch.def),
+            (5, &scratch.cand),
+            (6, sel),
+            (7, sel_score),
+        ],
+    );
+    let timestamp_writes = profiler.and_then(|p| p.pass("topk"));
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("topk"), timestamp_writes });
+    pass.set_pipeline(&hist_p);
+    pass.set_bind_group(0, &b_hist, &[]);
+    pass.dispatch_workgroups(chunks, ry, rz);
+    pass.set_pipeline(&filter_p);
+    pass.set_bind_group(0, &b_filter, &[]);
+    pass.dispatch_workgroups(chunks, ry, rz);
+    pass.set_pipeline(&final_p);
+    pass.set_bind_group(0, &b_final, &[]);
+    let (fx, fy) = gpu.grid(n_rows as u32);
+    pass.dispatch_workgroups(fx, fy, 1);
+    Ok(())
+}
+
+/// MLA dimensions the attention kernels need.
+#[derive(Clone, Copy, Debug)]
+pub struct MlaDims {
+    pub heads: usize,
+    pub latent: usize,
+    pub rope: usize,
+    pub nope: usize,
+    pub v_dim: usize,
+    pub scale: f32,
+}
+
+impl MlaDims {
+    pub fn from_config(m: &crate::config::MlaConfig) -> MlaDims {
+        MlaDims {
+            heads: m.num_heads,
+            latent: m.kv_lora_rank,
+            rope: m.qk_rope_head_dim,
+            nope: m.qk_nope_head_dim,
+            v_dim: m.v_head_dim,
+            scale: m.softmax_scale(),
+        }
+    }
+    pub fn width(&self) -> usize {
+        self.latent + self.rope
+    }
+    fn check(&self) -> Result<(), GpuError> {
+        if self.latent % 2 != 0 || self.latent > 1024 || self.width() > 1152 || self.width() % 8 != 0 {
+            return Err(shape_err(format!(
+                "MLA: latent {} + rope {} unsupported (latent even and <= 1024, latent + rope a multiple of 8 and <= 1152)",
+                self.latent, self.rope
+            )));
+        }
+        Ok(())
+    }
+    fn params(&self, n_queries: usize, q_pos0: usize, cache: &PagedRows) -> MlaParams {
+        MlaParams {
+            n_heads: self.heads as u32,
+            latent: self.latent as u32,
+            rope: self.rope as u32,
+            nope: self.nope as u32,
+            v_dim: self.v_dim as u32,
+            n_queries: n_queries as u32,
+            q_pos0: q_pos0 as u32,
+            q_stride: (self.heads * (self.nope + self.rope)) as u32,
+            page0: cache.page0 as u32,
+            shift_max: cache.shift_max,
+            scale: self.scale,
+            ..Default::default()
+        }
+    }
+}
+
+fn single_chunk<'a>(t: &'a GpuTensor, what: &str) -> Result<&'a wgpu::Buffer, GpuError> {
+    match (t.dtype, t.chunks.as_slice()) {
+        (DType::BF16, [c]) => Ok(&c.buffer),
+        _ => Err(shape_err(format!("{what}: {} must be bf16 in one binding", t.label))),
+    }
+}
+
+/// qa [T, H, R+E] = scale * [W_UK^T q_nope | q_pe] from q [T, H*(nope+rope)] and kv_b_proj.
+pub fn mla_absorb(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    dims: &MlaDims,
+    cache: &PagedRows,
+    q: &wgpu::Buffer,
+    kv_b: &GpuTensor,
+    qa: &wgpu::Buffer,
+    n_queries: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    dims.check()?;
+    let wkv = single_chunk(kv_b, "mla_absorb")?;
+    if kv_b.shape != [dims.heads * (dims.nope + dims.v_dim), dims.latent] {
+        return Err(shape_err(format!("mla_absorb: kv_b_proj shape {:?} does not match the MLA dims", kv_b.shape)));
+    }
+    need(q, n_queries * dims.heads * (dims.nope + dims.rope) * 4, "mla_absorb q")?;
+    need(qa, n_queries * dims.heads * dims.width() * 4, "mla_absorb qa")?;
+    let u = gpu.uniform("mla params", &dims.params(n_queries, 0, cache));
+    let groups = [dims.width().div_ceil(256) as u32, dims.heads as u32, n_queries as u32];
+    check_groups(gpu, "mla_absorb", groups)?;
+    run(gpu, enc, &MLA_ABSORB, &[(0, &u), (1, q), (2, wkv), (3, qa)], groups, profiler)
+}
+
+/// Splits of the selection per (query, head) for the attention pass.
+pub fn attend_splits(n_sel: usize) -> usize {
+    n_sel.div_ceil(128).clamp(1, 32)
+}
+
+/// Bytes of the partial-result buffer [T, H, splits, R+2] f32.
+pub fn partial_bytes(dims: &MlaDims, n_queries: usize, splits: usize) -> usize {
+    n_queries * dims.heads * splits * (dims.latent + 2) * 4
+}
+
+/// Sparse (sel = Some: [T, k] i32, -1 padded) or dense (sel = None: all s <= q_pos0 + t)
+/// attention of qa over the latent cache, then the merge with W_UV and the optional gate:
+/// o [T, H*Dv] f32, lse [T, H] f32 (log-sum-exp of the scaled logits). gate: [T, H*Dv] raw.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_attention(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    dims: &MlaDims,
+    cache: &PagedRows,
+    qa: &wgpu::Buffer,
+    sel: Option<(&wgpu::Buffer, usize)>,
+    kv_b: &GpuTensor,
+    gate: Option<&wgpu::Buffer>,
+    part: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    lse: &wgpu::Buffer,
+    n_queries: usize,
+    q_pos0: usize,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    dims.check()?;
+    let wkv = single_chunk(kv_b, "mla_attention")?;
+    if cache.width != dims.width() || q_pos0 + n_queries > cache.capacity() {
+        return Err(shape_err(format!(
+            "mla_attention: cache rows of {} (need {}), {} positions cached, queries up to {}",
+            cache.width,
+            dims.width(),
+            cache.capacity(),
+            q_pos0 + n_queries
+        )));
+    }
+    let max_sel = match sel {
+        Some((_, k)) => k.min(q_pos0 + n_queries),
+        None => q_pos0 + n_queries,
+    };
+    let splits = attend_splits(max_sel);
+    need(part, partial_bytes(dims, n_queries, splits), "mla_attention partials")?;
+    need(qa, n_queries * dims.heads * dims.width() * 4, "mla_attention qa")?;
+    need(o, n_queries * dims.heads * dims.v_dim * 4, "mla_attention o")?;
+    need(lse, n_queries * dims.heads * 4, "mla_attention lse")?;
+    let dummy = &cache.dummy;
+    let (sel_buf, k) = match sel {
+        Some((b, k)) => {
+            need(b, n_queries * k * 4, "mla_attention sel")?;
+            (b, k)
+        }
+        None => (dummy, 0),
+    };
+    if let Some(g) = gate {
+        need(g, n_queries * dims.heads * dims.v_dim * 4, "mla_attention gate")?;
+    }
+    let mut params = dims.params(n_queries, q_pos0, cache);
+    params.k = k as u32;
+    params.splits = splits as u32;
+    params.dense = sel.is_none() as u32;
+    params.has_gate = gate.is_some() as u32;
+    let u = gpu.uniform("mla params", &params);
+    let slots = cache.slots();
+    let mut entries = vec![(0, &u), (3, qa), (4, sel_buf), (5, part)];
+    entries.extend(slots.iter().enumerate().map(|(i, b)| (6 + i as u32, *b)));
+    let groups = [splits as u32, dims.heads as u32, n_queries as u32];
+    check_groups(gpu, "mla_attend", groups)?;
+    run(gpu, enc, &MLA_ATTEND, &entries, groups, profiler.as_deref_mut())?;
+    let entries = [(0, &u), (2, wkv), (5, part), (22, gate.unwrap_or(dummy)), (23, o), (24, lse)];
+    run(gpu, enc, &MLA_COMBINE, &entries, [dims.heads as u32, n_queries as u32, 1], profiler)
+}
+
+/// Dense scaled logits [T, H, n_pos] of qa against cache rows 0..n_pos (-inf beyond
+/// q_pos0 + t): the omitted-mass diagnostics' view of full attention.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_logits(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    dims: &MlaDims,
+    cache: &PagedRows,
+    qa: &wgpu::Buffer,
+    logits: &wgpu::Buffer,
+    n_queries: usize,
+    q_pos0: usize,
+    n_pos: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    dims.check()?;
+    need(logits, n_queries * dims.heads * n_pos * 4, "mla_logits")?;
+    let mut params = dims.params(n_queries, q_pos0, cache);
+    params.logit_stride = n_pos as u32;
+    let u = gpu.uniform("mla params", &params);
+    let slots = cache.slots();
+    let mut entries = vec![(0, &u), (3, qa), (25, logits)];
+    entries.extend(slots.iter().enumerate().map(|(i, b)| (6 + i as u32, *b)));
+    let groups = [n_pos.div_ceil(256) as u32, dims.heads as u32, n_queries as u32];
+    check_groups(gpu, "mla_logits", groups)?;
+    run(gpu, enc, &MLA_LOGITS, &entries, groups, profiler)
+}
+
+/// In-place RMSNorm (`beta` None) or LayerNorm of x[r, offset..offset+n] for r < rows;
+/// gamma, beta: [n] f32.
+#[allow(clippy::too_many_arguments)]
+pub fn row_norm(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    x: &wgpu::Buffer,
+    rows: usize,
+    stride: usize,
+    offset: usize,
+    n: usize,
+    eps: f32,
+    gamma: &wgpu::Buffer,
+    beta: Option<&wgpu::Buffer>,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    if offset + n > stride || n == 0 {
+        return Err(shape_err(format!("row_norm: segment {offset}+{n} outside rows of {stride}")));
+    }
+    need(x, rows * stride * 4, "row_norm x")?;
+    need(gamma, n * 4, "row_norm gamma")?;
+    let params = NormParams { rows: rows as u32, stride: stride as u32, offset: offset as u32, n: n as u32, eps, ..Default::default() };
+    let u = gpu.uniform("norm params", &params);
+    match beta {
+        Some(b) => {
+            need(b, n * 4, "row_norm beta")?;
+            run(gpu, enc, &LAYER_NORM, &[(0, &u), (1, x), (2, gamma), (3, b)], [rows as u32, 1, 1], profiler)
+        }
+        None => run(gpu, enc, &RMS_NORM, &[(0, &u), (1, x), (2, gamma)], [rows as u32, 1, 1], profiler),
+    }
 }

@@ -1,0 +1,130 @@
+// Lightning indexer scores (spec 5.3) of `n_queries` queries over the paged index-key cache:
+//   I[t, s] = w_scale * sum_j w[t, j] * relu(q[t, j] . k[s])      for s <= q_pos0 + t, else -inf
+//
+// Preconditions (checked on the host): q is [n_queries, IH, ID] f32, w is [n_queries, IH] f32
+// (raw weights_proj output; w_scale = IH^-1/2 * ID^-1/2 is applied here); the key cache is a
+// list of pages (bindings k0..k15), page i holding page0 << min(i, shift_max) rows of ID bf16
+// values packed two per u32 (even element in the low half), ID % 8 == 0, IH <= 64,
+// IH * ID <= 4096; scores is [n_queries, row_stride] f32 and n_pos <= row_stride.
+// One workgroup scores TILE positions for one query (workgroup_id.y); each thread one position.
+
+struct IndexParams {
+    n_queries: u32,
+    row_stride: u32,
+    q_pos0: u32,
+    n_pos: u32,
+    page0: u32,
+    shift_max: u32,
+    w_scale: f32,
+    _pad: u32,
+}
+
+override IH: u32 = 32u;
+override ID: u32 = 128u;
+const TILE: u32 = 256u;
+
+@group(0) @binding(0) var<uniform> p: IndexParams;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(4) var<storage, read> k0: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read> k1: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> k2: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> k3: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read> k4: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read> k5: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read> k6: array<vec4<u32>>;
+@group(0) @binding(11) var<storage, read> k7: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read> k8: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read> k9: array<vec4<u32>>;
+@group(0) @binding(14) var<storage, read> k10: array<vec4<u32>>;
+@group(0) @binding(15) var<storage, read> k11: array<vec4<u32>>;
+@group(0) @binding(16) var<storage, read> k12: array<vec4<u32>>;
+@group(0) @binding(17) var<storage, read> k13: array<vec4<u32>>;
+@group(0) @binding(18) var<storage, read> k14: array<vec4<u32>>;
+@group(0) @binding(19) var<storage, read> k15: array<vec4<u32>>;
+
+var<workgroup> qs: array<vec4<f32>, 1024>;
+var<workgroup> ws: array<f32, 64>;
+
+fn key_vec(page: u32, i: u32) -> vec4<u32> {
+    switch page {
+        case 0u: { return k0[i]; }
+        case 1u: { return k1[i]; }
+        case 2u: { return k2[i]; }
+        case 3u: { return k3[i]; }
+        case 4u: { return k4[i]; }
+        case 5u: { return k5[i]; }
+        case 6u: { return k6[i]; }
+        case 7u: { return k7[i]; }
+        case 8u: { return k8[i]; }
+        case 9u: { return k9[i]; }
+        case 10u: { return k10[i]; }
+        case 11u: { return k11[i]; }
+        case 12u: { return k12[i]; }
+        case 13u: { return k13[i]; }
+        case 14u: { return k14[i]; }
+        default: { return k15[i]; }
+    }
+}
+
+// Page geometry: page i holds page0 << min(i, shift_max) rows; returns (page, row in page).
+fn locate(pos: u32) -> vec2<u32> {
+    let doubling_end = p.page0 * ((2u << p.shift_max) - 1u);
+    if (pos < doubling_end) {
+        let i = firstLeadingBit(pos / p.page0 + 1u);
+        return vec2<u32>(i, pos - p.page0 * ((1u << i) - 1u));
+    }
+    let big = p.page0 << p.shift_max;
+    let j = (pos - doubling_end) / big;
+    return vec2<u32>(p.shift_max + 1u + j, pos - doubling_end - j * big);
+}
+
+fn lo(x: u32) -> f32 {
+    return bitcast<f32>(x << 16u);
+}
+
+fn hi(x: u32) -> f32 {
+    return bitcast<f32>(x & 0xffff0000u);
+}
+
+@compute @workgroup_size(256)
+fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wg.y;
+    for (var i = lid; i < IH * ID / 4u; i += TILE) {
+        qs[i] = q[t * (IH * ID / 4u) + i];
+    }
+    if (lid < IH) {
+        ws[lid] = w[t * IH + lid] * p.w_scale;
+    }
+    workgroupBarrier();
+    let pos = wg.x * TILE + lid;
+    if (pos >= p.n_pos) {
+        return;
+    }
+    let out = t * p.row_stride + pos;
+    if (pos > p.q_pos0 + t) {
+        scores[out] = bitcast<f32>(0xff800000u);
+        return;
+    }
+    let at = locate(pos);
+    let base = at.y * (ID / 8u);
+    var dots: array<f32, 64>;
+    for (var j = 0u; j < IH; j++) {
+        dots[j] = 0.0;
+    }
+    for (var c = 0u; c < ID / 8u; c++) {
+        let kw = key_vec(at.x, base + c);
+        let ka = vec4<f32>(lo(kw.x), hi(kw.x), lo(kw.y), hi(kw.y));
+        let kb = vec4<f32>(lo(kw.z), hi(kw.z), lo(kw.w), hi(kw.w));
+        for (var j = 0u; j < IH; j++) {
+            let qi = j * (ID / 4u) + 2u * c;
+            dots[j] += dot(qs[qi], ka) + dot(qs[qi + 1u], kb);
+        }
+    }
+    var acc = 0.0;
+    for (var j = 0u; j < IH; j++) {
+        acc += ws[j] * max(dots[j], 0.0);
+    }
+    scores[out] = acc;
+}

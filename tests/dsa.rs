@@ -1,0 +1,461 @@
+//! DSA global layers on the GPU against the f64 CPU reference and the goldens
+//! (tests/golden/ops/{indexer,sparse_mla}.safetensors, the k31_tiny checkpoint): indexer
+//! scores, radix top-k with the tie rule, sparse absorbed MLA, dense == dense MLA, the whole
+//! layer with its paged caches, prefill == decode, the selection sink and the omitted-mass
+//! diagnostics.
+
+mod support;
+
+use k31_engine::checkpoint::{Checkpoint, TensorView};
+use k31_engine::config::{IndexerConfig, MlaConfig, ModelConfig};
+use k31_engine::gpu::{Gpu, GpuTensor};
+use k31_engine::layers::global_attn::{summarize, ForwardOptions, GlobalAttn, GlobalCache};
+use k31_engine::layout::DType;
+use k31_engine::ops::dsa::{self, MlaDims, PagedRows, TopkScratch};
+use k31_engine::reference::dsa as refdsa;
+use k31_engine::trace::Recorder;
+use support::golden::{get, load_int_tensors, load_tensors};
+use support::{gpu, random_vec};
+
+fn bf16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
+}
+
+fn upload_rows(g: &Gpu, label: &str, data: &[f32], width: usize, page0: usize) -> PagedRows {
+    let rows = data.len() / width;
+    let mut p = PagedRows::new(g, label, width, page0, rows.max(1)).expect("paged rows");
+    p.upload(g, data).expect("upload rows");
+    p
+}
+
+/// Indexer scores on the GPU: q [T, IH, ID], w raw [T, IH].
+#[allow(clippy::too_many_arguments)]
+fn gpu_scores(g: &Gpu, keys: &PagedRows, heads: usize, q: &[f32], w: &[f32], t: usize, pos0: usize, n_pos: usize) -> Vec<f32> {
+    let qb = g.storage_from("q", q);
+    let wb = g.storage_from("w", w);
+    let sb = g.storage("scores", (t * n_pos * 4) as u64);
+    let mut enc = g.device.create_command_encoder(&Default::default());
+    dsa::index_scores(g, &mut enc, keys, heads, &qb, &wb, &sb, t, pos0, n_pos, n_pos, None).expect("index_scores");
+    g.queue.submit([enc.finish()]);
+    g.read(&sb, t * n_pos).expect("read scores")
+}
+
+/// Top-k on the GPU of `rows` rows of `row_len` (row r valid up to pos0 + r + 1).
+fn gpu_topk(g: &Gpu, scores: &[f32], rows: usize, pos0: usize, row_len: usize, k: usize) -> (Vec<i32>, Vec<f32>) {
+    let sb = g.storage_from("scores", scores);
+    let scratch = TopkScratch::new(g, rows, row_len, k).expect("scratch");
+    let sel = g.storage("sel", (rows * k * 4) as u64);
+    let sc = g.storage("sel scores", (rows * k * 4) as u64);
+    let mut out = None;
+    // Twice: the second call checks that the kernels leave their scratch clean.
+    for _ in 0..2 {
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        dsa::topk(g, &mut enc, &scratch, &sb, row_len, rows, pos0, row_len, &sel, &sc, None).expect("topk");
+        g.queue.submit([enc.finish()]);
+        let r = (g.read::<i32>(&sel, rows * k).expect("sel"), g.read::<f32>(&sc, rows * k).expect("scores"));
+        if let Some(prev) = &out {
+            assert_eq!(prev, &r, "a second top-k call differs: scratch not cleared");
+        }
+        out = Some(r);
+    }
+    out.expect("ran")
+}
+
+/// The reference top-k of the GPU's own f32 scores, -1 padded to k.
+fn want_topk(scores: &[f32], rows: usize, pos0: usize, row_len: usize, k: usize) -> Vec<i32> {
+    let mut out = Vec::new();
+    for r in 0..rows {
+        let row: Vec<f64> = scores[r * row_len..(r + 1) * row_len].iter().map(|&v| v as f64).collect();
+        let sel = refdsa::topk(&row, (pos0 + r + 1).min(row_len), k);
+        out.extend(sel.iter().map(|&s| s as i32));
+        out.extend(std::iter::repeat_n(-1, k - sel.len()));
+    }
+    out
+}
+
+#[test]
+fn indexer_scores_and_selection_match_goldens() {
+    let Some(g) = gpu() else { return };
+    let f = load_tensors("ops/indexer.safetensors");
+    let ints = load_int_tensors("ops/indexer.safetensors");
+    for (case, k) in [("T1", 64), ("T17", 64), ("T64", 64), ("T200", 64), ("ties", 16), ("zero_ties", 16)] {
+        let (qs, q) = get(&f, &format!("{case}.qI"));
+        let (_, keys) = get(&f, &format!("{case}.kI"));
+        let (_, w) = get(&f, &format!("{case}.w"));
+        let (_, want_scores) = get(&f, &format!("{case}.scores"));
+        let (t, ih, id) = (qs[0], qs[1], qs[2]);
+        // The golden w already carries IH^-1/2 ID^-1/2, which the kernel applies.
+        let w_raw: Vec<f32> = w.iter().map(|&v| v * ((ih * id) as f32).sqrt()).collect();
+        let kp = upload_rows(&g, "keys", keys, id, 8);
+        let got = gpu_scores(&g, &kp, ih, q, &w_raw, t, 0, t);
+        let e = support::golden::rel_err(&got, want_scores);
+        assert!(e <= 1e-5, "{case}: scores rel err {e}");
+        let (sel, sel_scores) = gpu_topk(&g, &got, t, 0, t, k);
+        // Exact rule on the GPU's own scores (order included).
+        assert_eq!(sel, want_topk(&got, t, 0, t, k), "{case}: top-k differs from the reference on the same scores");
+        // Against the golden selection: sets where the boundary is clear, score multisets elsewhere.
+        let (_, gsel) = ints.get(&format!("{case}.selected")).expect("selected");
+        let clear = ints.get(&format!("{case}.clear")).map(|(_, c)| c.clone());
+        for r in 0..t {
+            let mine: std::collections::BTreeSet<i64> = sel[r * k..(r + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as i64).collect();
+            let theirs: std::collections::BTreeSet<i64> = gsel[r * k..(r + 1) * k].iter().filter(|&&s| s >= 0).copied().collect();
+            let is_clear = clear.as_ref().is_none_or(|c| c[r] == 1);
+            if is_clear {
+                assert_eq!(mine, theirs, "{case} row {r}: selection differs");
+            } else {
+                let score_of = |s: i64| want_scores[r * t + s as usize];
+                let mut a: Vec<f32> = mine.iter().map(|&s| score_of(s)).collect();
+                let mut b: Vec<f32> = theirs.iter().map(|&s| score_of(s)).collect();
+                a.sort_by(f32::total_cmp);
+                b.sort_by(f32::total_cmp);
+                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+                for (x, y) in a.iter().zip(&b) {
+                    assert!((x - y).abs() <= 1e-5 * scale, "{case} row {r}: selected score multisets differ");
+                }
+            }
+            for i in 0..k {
+                let s = sel[r * k + i];
+                if s >= 0 {
+                    assert_eq!(sel_scores[r * k + i], got[r * t + s as usize], "{case}: sel_score");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn topk_radix_select_follows_the_tie_rule() {
+    let Some(g) = gpu() else { return };
+    let mut seed = 0;
+    for &(len, k) in &[(1usize, 1usize), (17, 16), (33, 1), (4097, 2048), (10000, 16), (70001, 2048), (9000, 2047)] {
+        for kind in 0..4 {
+            seed += 1;
+            let mut v = random_vec(seed, len);
+            match kind {
+                1 => v.iter_mut().for_each(|x| *x = (*x * 2.0).round()), // 5 levels: massive ties
+                2 => v.iter_mut().for_each(|x| *x = 0.0),                 // all tied
+                3 => v.iter_mut().for_each(|x| *x = -x.abs() * 1e-3 - 1.0), // negative, narrow range
+                _ => {}
+            }
+            let (sel, _) = gpu_topk(&g, &v, 1, len, len, k);
+            assert_eq!(sel, want_topk(&v, 1, len, len, k), "len {len} k {k} kind {kind}");
+        }
+    }
+    // Causal rows: row r sees positions 0..=100+r; short prefixes below k select everything.
+    let (rows, row_len, pos0, k) = (33, 133, 100, 120);
+    let v = random_vec(99, rows * row_len);
+    let (sel, _) = gpu_topk(&g, &v, rows, pos0, row_len, k);
+    assert_eq!(sel, want_topk(&v, rows, pos0, row_len, k), "causal rows");
+    let (sel, _) = gpu_topk(&g, &v[..5 * row_len], 5, 0, row_len, k);
+    assert_eq!(sel, want_topk(&v[..5 * row_len], 5, 0, row_len, k), "short prefixes");
+}
+
+fn upload_bf16(g: &Gpu, label: &str, shape: &[usize], v: &[f32]) -> GpuTensor {
+    let bytes: Vec<u8> = v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
+    GpuTensor::upload(g, label, DType::BF16, shape, &bytes, None).expect("upload")
+}
+
+/// Runs absorb + attention on the GPU: q [T, H*(nope+rope)], sel [T, k] or dense.
+#[allow(clippy::too_many_arguments)]
+fn gpu_mla(
+    g: &Gpu,
+    d: &MlaDims,
+    cache: &PagedRows,
+    q: &[f32],
+    wkv: &GpuTensor,
+    sel: Option<(&[i32], usize)>,
+    t: usize,
+    pos0: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let qb = g.storage_from("q", q);
+    let qa = g.storage("qa", (t * d.heads * d.width() * 4) as u64);
+    let n_sel = sel.map_or(pos0 + t, |(_, k)| k.min(pos0 + t));
+    let part = g.storage("part", dsa::partial_bytes(d, t, dsa::attend_splits(n_sel)) as u64);
+    let o = g.storage("o", (t * d.heads * d.v_dim * 4) as u64);
+    let lse = g.storage("lse", (t * d.heads * 4) as u64);
+    let sb = sel.map(|(s, k)| (g.storage_from("sel", s), k));
+    let mut enc = g.device.create_command_encoder(&Default::default());
+    dsa::mla_absorb(g, &mut enc, d, cache, &qb, wkv, &qa, t, None).expect("absorb");
+    let sel_arg = sb.as_ref().map(|(b, k)| (b, *k));
+    dsa::mla_attention(g, &mut enc, d, cache, &qa, sel_arg, wkv, None, &part, &o, &lse, t, pos0, None).expect("attention");
+    g.queue.submit([enc.finish()]);
+    (g.read(&o, t * d.heads * d.v_dim).expect("o"), g.read(&lse, t * d.heads).expect("lse"))
+}
+
+fn rel_l2(a: &[f32], b: &[f64]) -> f64 {
+    let num: f64 = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+#[test]
+fn sparse_mla_matches_goldens() {
+    let Some(g) = gpu() else { return };
+    let f = load_tensors("ops/sparse_mla.safetensors");
+    let ints = load_int_tensors("ops/sparse_mla.safetensors");
+    for case in ["T1", "T17", "T64", "T200"] {
+        let (qs, qn) = get(&f, &format!("{case}.q_nope"));
+        let (_, qp) = get(&f, &format!("{case}.q_pe"));
+        let (_, c) = get(&f, &format!("{case}.c"));
+        let (_, kpe) = get(&f, &format!("{case}.k_pe"));
+        let (ws, wkv) = get(&f, &format!("{case}.kv_b_proj"));
+        let (_, want) = get(&f, &format!("{case}.o"));
+        let (_, sel) = ints.get(&format!("{case}.selected")).expect("selected");
+        let (t, hm, nope) = (qs[0], qs[1], qs[2]);
+        let (rope, latent) = (qp.len() / (t * hm), c.len() / t);
+        let d = MlaDims { heads: hm, latent, rope, nope, v_dim: ws[0] / hm - nope, scale: ((nope + rope) as f32).powf(-0.5) };
+        let mut q = Vec::new();
+        for i in 0..t * hm {
+            q.extend_from_slice(&qn[i * nope..(i + 1) * nope]);
+            q.extend_from_slice(&qp[i * rope..(i + 1) * rope]);
+        }
+        let mut rows = Vec::new();
+        for s in 0..t {
+            rows.extend_from_slice(&c[s * latent..(s + 1) * latent]);
+            rows.extend_from_slice(&kpe[s * rope..(s + 1) * rope]);
+        }
+        let cache = upload_rows(&g, "latent", &rows, d.width(), 4);
+        let w = upload_bf16(&g, "kv_b", ws, wkv);
+        let k = sel.len() / t;
+        let sel32: Vec<i32> = sel.iter().map(|&s| s as i32).collect();
+        let (o, _) = gpu_mla(&g, &d, &cache, &q, &w, Some((&sel32, k)), t, 0);
+        let e = support::golden::rel_err(&o, want);
+        assert!(e <= 1e-4, "{case}: sparse MLA rel err {e}");
+        // The CPU reference, both forms, agrees with the golden too.
+        let rd = refdsa::Dims { heads: d.heads, latent, rope, nope, v_dim: d.v_dim, scale: d.scale as f64 };
+        let tq = t - 1;
+        let s: Vec<usize> = sel[tq * k..(tq + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
+        let qrow = &q[tq * hm * (nope + rope)..(tq + 1) * hm * (nope + rope)];
+        let (om, _) = refdsa::sparse_mla(&rd, qrow, &rows, wkv, &s);
+        let (oa, _) = refdsa::sparse_mla_absorbed(&rd, qrow, &rows, wkv, &s);
+        let wrow = &want[tq * hm * d.v_dim..(tq + 1) * hm * d.v_dim];
+        assert!(rel_l2(wrow, &om) <= 1e-6 && rel_l2(wrow, &oa) <= 1e-6, "{case}: reference forms disagree with the golden");
+    }
+}
+
+#[test]
+fn dense_and_sparse_attention_match_the_reference_across_pages() {
+    let Some(g) = gpu() else { return };
+    // Awkward dims: 3 heads, latent 96 + rope 16, nope 24, v 40; 300 cached positions in pages of 8, 16, 32...
+    let d = MlaDims { heads: 3, latent: 96, rope: 16, nope: 24, v_dim: 40, scale: 40f32.powf(-0.5) };
+    let rd = refdsa::Dims { heads: 3, latent: 96, rope: 16, nope: 24, v_dim: 40, scale: 40f64.powf(-0.5) };
+    let s_len = 300;
+    let rows = bf16_round(&random_vec(1, s_len * d.width()));
+    let cache = upload_rows(&g, "latent", &rows, d.width(), 8);
+    let wkv_f = bf16_round(&random_vec(2, d.heads * (d.nope + d.v_dim) * d.latent));
+    let wkv = upload_bf16(&g, "kv_b", &[d.heads * (d.nope + d.v_dim), d.latent], &wkv_f);
+    let (t, pos0) = (5, s_len - 5);
+    let q = random_vec(3, t * d.heads * (d.nope + d.rope));
+    let qw = d.heads * (d.nope + d.rope);
+    // Dense: every s <= pos0 + t.
+    let (o, lse) = gpu_mla(&g, &d, &cache, &q, &wkv, None, t, pos0);
+    for i in 0..t {
+        let all: Vec<usize> = (0..=pos0 + i).collect();
+        let (want, wl) = refdsa::sparse_mla(&rd, &q[i * qw..(i + 1) * qw], &rows, &wkv_f, &all);
+        let e = rel_l2(&o[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim], &want);
+        assert!(e <= 1e-5, "dense row {i}: rel err {e}");
+        for h in 0..d.heads {
+            assert!((lse[i * d.heads + h] as f64 - wl[h]).abs() <= 1e-4 * wl[h].abs().max(1.0), "dense lse");
+        }
+    }
+    // Sparse with an arbitrary selection (unsorted, spread over pages, -1 padded), k = 37.
+    let k = 37;
+    let mut sel = Vec::new();
+    for i in 0..t {
+        let mut s: Vec<i32> = (0..k as i32).map(|j| (j * 53 + i as i32 * 7) % (pos0 + i + 1) as i32).collect();
+        s.sort();
+        s.dedup();
+        s.reverse();
+        s.resize(k, -1);
+        sel.extend(s);
+    }
+    let (o, _) = gpu_mla(&g, &d, &cache, &q, &wkv, Some((&sel, k)), t, pos0);
+    for i in 0..t {
+        let s: Vec<usize> = sel[i * k..(i + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
+        let (want, _) = refdsa::sparse_mla_absorbed(&rd, &q[i * qw..(i + 1) * qw], &rows, &wkv_f, &s);
+        let e = rel_l2(&o[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim], &want);
+        assert!(e <= 1e-5, "sparse row {i}: rel err {e}");
+    }
+    // Selection covering every valid position (t + 1 <= k) equals dense attention.
+    let k = 400;
+    let mut sel = Vec::new();
+    for i in 0..t {
+        let mut s: Vec<i32> = (0..=(pos0 + i) as i32).rev().collect();
+        s.resize(k, -1);
+        sel.extend(s);
+    }
+    let (os, _) = gpu_mla(&g, &d, &cache, &q, &wkv, Some((&sel, k)), t, pos0);
+    let (od, _) = gpu_mla(&g, &d, &cache, &q, &wkv, None, t, pos0);
+    let od64: Vec<f64> = od.iter().map(|&v| v as f64).collect();
+    assert!(rel_l2(&os, &od64) <= 1e-6, "full selection differs from dense");
+}
+
+#[test]
+fn paged_cache_accounting_and_geometry() {
+    let Some(g) = gpu() else { return };
+    let mla = MlaConfig {
+        num_heads: 96,
+        q_lora_rank: Some(1536),
+        kv_lora_rank: 512,
+        qk_nope_head_dim: 128,
+        qk_rope_head_dim: 64,
+        v_head_dim: 128,
+        output_gate: true,
+        latent_norm_eps: 1e-6,
+    };
+    let ix = IndexerConfig { n_heads: 32, head_dim: 128, topk: 2048, key_norm_eps: 1e-6 };
+    assert_eq!(24 * GlobalCache::bytes_per_position(&mla, Some(&ix)), 33_792);
+    let mut c = GlobalCache::new(&g, &mla, Some(&ix), 100_000, 1024).expect("cache");
+    assert_eq!(c.allocated_bytes(), 0, "nothing allocated before the first token");
+    let mut seen = Vec::new();
+    for n in [1usize, 1024, 1025, 5000, 40_000] {
+        c.latent.ensure(&g, n).expect("grow");
+        let pages: Vec<u64> = c.latent.pages().iter().map(|b| b.size()).collect();
+        assert!(pages.starts_with(&seen), "growth must keep every existing page");
+        assert!(c.latent.capacity() >= n && c.latent.capacity() <= 3 * n.max(1024), "at most 3x over-allocation");
+        seen = pages;
+    }
+    for pos in [0usize, 1023, 1024, 3071, 3072, 39_999] {
+        let (p, r) = c.latent.locate(pos);
+        assert_eq!(c.latent.page_start(p) + r, pos);
+        assert!(r < c.latent.page_rows(p));
+    }
+    c.len = 10;
+    assert_eq!(c.used_bytes(), 10 * 1408);
+}
+
+fn tiny_layer(g: &Gpu, layer: usize) -> Option<(ModelConfig, GlobalAttn, refdsa::LayerWeights, refdsa::LayerDims)> {
+    let dir = support::golden::golden_dir().join("k31_tiny/model");
+    let cfg = ModelConfig::from_path(&dir.join("config.json")).expect("config");
+    let ck = Checkpoint::open(&dir).expect("checkpoint");
+    let prefix = format!("model.layers.{layer}.self_attn.");
+    let lookup = |n: &str| -> Option<TensorView<'_>> { ck.tensor(&format!("{prefix}{n}")) };
+    let attn = GlobalAttn::load(g, &cfg, layer, &lookup).expect("load layer");
+    let f = |n: &str| -> Vec<f32> {
+        let v = lookup(n).unwrap_or_else(|| panic!("tensor {n}"));
+        match v.dtype {
+            DType::F32 => v.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            _ => v.data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        }
+    };
+    let mla = cfg.mla.clone().expect("mla");
+    let ix = cfg.indexer.clone().expect("indexer");
+    let w = refdsa::LayerWeights {
+        q_a: Some(f("q_a_proj.weight")),
+        q_a_norm: Some(f("q_a_layernorm.weight")),
+        q_b: Some(f("q_b_proj.weight")),
+        q_proj: None,
+        kv_a: f("kv_a_proj_with_mqa.weight"),
+        kv_a_norm: f("kv_a_layernorm.weight"),
+        kv_b: f("kv_b_proj.weight"),
+        g_proj: Some(f("g_proj.weight")),
+        o_proj: f("o_proj.weight"),
+        indexer: Some(refdsa::IndexerWeights {
+            wq_b: f("indexer.wq_b.weight"),
+            wk: f("indexer.wk.weight"),
+            k_norm_w: f("indexer.k_norm.weight"),
+            k_norm_b: f("indexer.k_norm.bias"),
+            weights_proj: f("indexer.weights_proj.weight"),
+        }),
+    };
+    let dims = refdsa::LayerDims {
+        hidden: cfg.hidden_size,
+        q_lora: mla.q_lora_rank,
+        mla: refdsa::Dims {
+            heads: mla.num_heads,
+            latent: mla.kv_lora_rank,
+            rope: mla.qk_rope_head_dim,
+            nope: mla.qk_nope_head_dim,
+            v_dim: mla.v_head_dim,
+            scale: (mla.qk_head_dim() as f64).powf(-0.5),
+        },
+        latent_eps: mla.latent_norm_eps as f64,
+        indexer: Some((ix.n_heads, ix.head_dim, ix.topk, ix.key_norm_eps as f64)),
+    };
+    Some((cfg, attn, w, dims))
+}
+
+/// Runs the layer over `x` in calls of the given token counts; returns outputs and the sink's records.
+fn run_layer(g: &Gpu, cfg: &ModelConfig, attn: &GlobalAttn, x: &[f32], calls: &[usize], block: usize) -> (Vec<f32>, Recorder) {
+    let d = cfg.hidden_size;
+    let mut cache = GlobalCache::new(g, cfg.mla.as_ref().expect("mla"), cfg.indexer.as_ref(), 64, 4).expect("cache");
+    let mut rec = Recorder::default();
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &n in calls {
+        let xb = g.storage_from("x", &x[at * d..(at + n) * d]);
+        let ob = g.storage("out", (n * d * 4) as u64);
+        let mut opts = ForwardOptions { sink: Some(&mut rec), max_query_block: block, ..Default::default() };
+        attn.forward(g, &xb, n, &mut cache, &ob, &mut opts).expect("forward");
+        out.extend(g.read::<f32>(&ob, n * d).expect("out"));
+        at += n;
+    }
+    assert_eq!(cache.len, at);
+    (out, rec)
+}
+
+#[test]
+fn global_layer_matches_reference_and_prefill_equals_decode() {
+    let Some(g) = gpu() else { return };
+    let Some((cfg, attn, w, dims)) = tiny_layer(&g, 3) else { return };
+    let (d, t) = (cfg.hidden_size, 40);
+    // Layer inputs look like RMSNorm outputs: unit scale.
+    let x: Vec<f32> = random_vec(11, t * d).iter().map(|v| v * 1.7).collect();
+    let mut rc = refdsa::Cache::default();
+    let (want, traces) = refdsa::global_layer(&dims, &w, &x, &mut rc);
+    let (prefill, rec_p) = run_layer(&g, &cfg, &attn, &x, &[t], 0);
+    let (decode, rec_d) = run_layer(&g, &cfg, &attn, &x, &vec![1; t], 0);
+    let (mixed, rec_m) = run_layer(&g, &cfg, &attn, &x, &[19, 1, 7, 13], 5);
+    assert_eq!(rec_p.records.len(), t);
+    let k = cfg.indexer.as_ref().expect("ix").topk;
+    for tok in 0..t {
+        let sel_p = &rec_p.records[tok].positions;
+        assert_eq!(sel_p.len(), k.min(tok + 1));
+        assert_eq!(sel_p, &rec_d.records[tok].positions, "token {tok}: prefill and decode select differently");
+        assert_eq!(sel_p, &rec_m.records[tok].positions, "token {tok}: mixed calls select differently");
+        let mine: std::collections::BTreeSet<usize> = sel_p.iter().map(|&s| s as usize).collect();
+        let theirs: std::collections::BTreeSet<usize> = traces[tok].selected.iter().copied().collect();
+        assert_eq!(mine, theirs, "token {tok}: selection differs from the reference");
+        let row = |v: &[f32]| v[tok * d..(tok + 1) * d].to_vec();
+        let e = rel_l2(&row(&prefill), &want[tok * d..(tok + 1) * d]);
+        assert!(e <= 1e-4, "token {tok}: layer output rel err {e}");
+        let ed = rel_l2(&row(&decode), &row(&prefill).iter().map(|&v| v as f64).collect::<Vec<_>>());
+        let em = rel_l2(&row(&mixed), &row(&prefill).iter().map(|&v| v as f64).collect::<Vec<_>>());
+        assert!(ed <= 1e-5 && em <= 1e-5, "token {tok}: prefill vs decode {ed}, vs mixed {em}");
+    }
+}
+
+#[test]
+fn omitted_mass_diagnostics_on_the_tiny_model() {
+    let Some(g) = gpu() else { return };
+    let Some((cfg, attn, _, _)) = tiny_layer(&g, 7) else { return };
+    let (d, t) = (cfg.hidden_size, 30);
+    let x: Vec<f32> = random_vec(12, t * d).iter().map(|v| v * 1.7).collect();
+    let mut cache = GlobalCache::new(&g, cfg.mla.as_ref().expect("mla"), cfg.indexer.as_ref(), 64, 16).expect("cache");
+    let xb = g.storage_from("x", &x);
+    let ob = g.storage("out", (t * d * 4) as u64);
+    let mut opts = ForwardOptions { diagnostics: true, ..Default::default() };
+    let diags = attn.forward(&g, &xb, t, &mut cache, &ob, &mut opts).expect("forward");
+    assert_eq!(diags.len(), t);
+    let k = cfg.indexer.as_ref().expect("ix").topk;
+    let mut sparse_mass = 0f32;
+    for (i, td) in diags.iter().enumerate() {
+        assert_eq!(td.position, i);
+        for hd in &td.heads {
+            assert!((0.0..=1.0).contains(&hd.omitted_mass) && (0.0..=1.0).contains(&hd.recall));
+            if i + 1 <= k {
+                assert!(hd.omitted_mass <= 1e-6 && hd.rel_err <= 1e-5 && hd.recall == 1.0, "dense row {i}: {hd:?}");
+            } else {
+                sparse_mass += hd.omitted_mass;
+            }
+        }
+    }
+    assert!(sparse_mass > 0.0, "rows past k must omit some mass");
+    let s = summarize(7, &diags);
+    assert_eq!(s.mean.len(), cfg.mla.as_ref().expect("mla").num_heads);
+    // The same layer output with and without diagnostics.
+    let (plain, _) = run_layer(&g, &cfg, &attn, &x, &[t], 0);
+    let with: Vec<f32> = g.read(&ob, t * d).expect("out");
+    let e = rel_l2(&with, &plain.iter().map(|&v| v as f64).collect::<Vec<_>>());
+    assert!(e <= 1e-5, "diagnostics changed the output: {e}");
+}
