@@ -69,7 +69,7 @@ fn init_then_inspect_tiny() {
 fn init_size_flags() {
     let dir = support::scratch("cli-init-flags").join("m");
     let d = dir.to_str().expect("utf-8 path");
-    let o = k31(&["init", "--preset", "tiny", "--layers", "5", "--experts", "3", "--vocab", "300", d]);
+    let o = k31(&["init", "--preset", "tiny", "--layers", "5", "--experts", "3", "--vocab", "600", d]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value =
         serde_json::from_str(&stdout(&k31(&["inspect", d, "--json"]))).expect("JSON");
@@ -77,7 +77,7 @@ fn init_size_flags() {
     assert_eq!(v["global_layer_indices"], serde_json::json!([4, 5]));
     assert_eq!(v["config"]["moe"]["num_experts"], 3);
     assert_eq!(v["config"]["moe"]["experts_per_token"], 3);
-    assert_eq!(v["vocab_size"], 300);
+    assert_eq!(v["vocab_size"], 600);
 }
 
 #[test]

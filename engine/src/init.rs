@@ -92,8 +92,8 @@ pub fn preset_config(name: &str, opt: &PresetOptions) -> Result<Value, InitError
         obj.insert("num_experts_per_token".into(), json!(k));
     }
     if let Some(v) = opt.vocab {
-        if v < 256 {
-            return Err(InitError::Option("--vocab must be at least 256".into()));
+        if v < 512 {
+            return Err(InitError::Option("--vocab must be at least 512 (256 byte tokens and 256 specials)".into()));
         }
         obj.insert("vocab_size".into(), json!(v));
     }
@@ -451,9 +451,67 @@ pub fn write_checkpoint(
         let text = serde_json::to_string_pretty(&index).map_err(|e| wr(&path, &e))?;
         std::fs::write(&path, text).map_err(|e| wr(&path, &e))?;
     }
+    write_tokenizer(dir, cfg.vocab_size)?;
     // The config goes last: a directory with config.json is a complete model.
     let path = dir.join("config.json");
     let text = serde_json::to_string_pretty(config).map_err(|e| wr(&path, &e))?;
     std::fs::write(&path, text + "\n").map_err(|e| wr(&path, &e))?;
     Ok(Written { files, bytes: total, tensors: specs.len() })
+}
+
+/// Named specials at their offset from the first special id (Kimi's layout).
+const SPECIALS: &[(usize, &str)] = &[
+    (0, "[BOS]"),
+    (1, "[EOS]"),
+    (2, "<|im_end|>"),
+    (3, "<|im_user|>"),
+    (4, "<|im_assistant|>"),
+    (9, "[EOT]"),
+    (10, "<|im_system|>"),
+    (17, "<|im_middle|>"),
+    (254, "[UNK]"),
+    (255, "[PAD]"),
+];
+
+/// A byte-level tokenizer for a random model, in Kimi's formats: `tiktoken.model` (base64
+/// bytes and rank per line: all 256 bytes, then two-byte pieces of printable ASCII, most
+/// common letters first) and `tokenizer_config.json` naming the specials at the vocabulary end.
+pub fn write_tokenizer(dir: &Path, vocab: usize) -> Result<(), InitError> {
+    use base64::Engine as _;
+    let wr = |p: &Path, e: &dyn std::fmt::Display| InitError::Write { path: p.display().to_string(), reason: e.to_string() };
+    let ranks = vocab.saturating_sub(256);
+    let order = " etaoinsrhldcumfpgwybvkxjqzETAOINSRHLDCUMFPGWYBVKXJQZ0123456789.,'\"-!?:;()";
+    let mut chars: Vec<u8> = order.bytes().collect();
+    chars.extend((0x20u8..0x7f).filter(|c| !order.as_bytes().contains(c)));
+    let mut pieces: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+    let mut pairs: Vec<(usize, u8, u8)> = Vec::new();
+    for (i, &a) in chars.iter().enumerate() {
+        for (j, &b) in chars.iter().enumerate() {
+            pairs.push((i + j, a, b));
+        }
+    }
+    pairs.sort();
+    pieces.extend(pairs.into_iter().map(|(_, a, b)| vec![a, b]));
+    pieces.truncate(ranks);
+    let mut text = String::new();
+    for (rank, p) in pieces.iter().enumerate() {
+        text.push_str(&base64::engine::general_purpose::STANDARD.encode(p));
+        text.push(' ');
+        text.push_str(&rank.to_string());
+        text.push('\n');
+    }
+    let path = dir.join("tiktoken.model");
+    std::fs::write(&path, text).map_err(|e| wr(&path, &e))?;
+    let mut added = serde_json::Map::new();
+    for &(off, name) in SPECIALS {
+        added.insert((ranks + off).to_string(), json!({"content": name, "special": true}));
+    }
+    let cfg = json!({
+        "tokenizer_class": "TikTokenTokenizer",
+        "bos_token": "[BOS]", "eos_token": "<|im_end|>", "pad_token": "[PAD]", "unk_token": "[UNK]",
+        "added_tokens_decoder": added,
+    });
+    let path = dir.join("tokenizer_config.json");
+    let text = serde_json::to_string_pretty(&cfg).map_err(|e| wr(&path, &e))?;
+    std::fs::write(&path, text).map_err(|e| wr(&path, &e))
 }
