@@ -30,7 +30,6 @@ struct Core {
     a_log: Vec<f32>,
     dt_bias: Vec<f32>,
     s0: Vec<f32>,
-    t_len: usize,
 }
 
 impl Core {
@@ -121,7 +120,6 @@ fn random_core(seed: u64, t_len: usize, heads: usize, dk: usize, gate: KdaGate, 
         a_log: support::random_vec(seed + 4, heads).into_iter().map(|x| 1.4 * (x + 1.0)).collect(),
         dt_bias: scaled(seed + 5, p, 1.0),
         s0: if init { scaled(seed + 6, heads * dk * dk, 0.5) } else { Vec::new() },
-        t_len,
     }
 }
 
@@ -204,7 +202,6 @@ fn golden_core_prefill_and_decode() {
             a_log: get("A_log").1,
             dt_bias: get("dt_bias").1,
             s0: get("S0").1,
-            t_len: t,
         };
         // The reference's gate agrees with the golden g.
         let g = r::gate(gate, &core.f, &core.a_log, &core.dt_bias, h, k);
@@ -244,4 +241,142 @@ fn bad_head_dim_is_an_error() {
     let geom = KdaGeom { heads: 2, head_dim: 272, taps: 4, gate: BOUNDED, post_conv: false };
     assert!(geom.check().is_err());
     let _ = KdaOutputGate::FullRank;
+}
+
+// ---- the whole layer ----
+
+use k31_engine::checkpoint::{Checkpoint, TensorView};
+use k31_engine::config::KdaConfig;
+use k31_engine::layers::kda::{KdaLayer, KdaState};
+use k31_engine::layout::DType;
+
+/// Runs `layer` over x [T, d] as one prefill of `t0` tokens then one token at a time.
+fn run_layer(gpu: &Gpu, layer: &KdaLayer, st: &mut KdaState, x: &[f32], t0: usize, t_len: usize) -> Vec<f32> {
+    let d = layer.hidden;
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at < t_len {
+        let n = if at == 0 && t0 > 0 { t0 } else { 1 };
+        let xb = gpu.storage_from("x", &x[at * d..(at + n) * d]);
+        let ob = gpu.storage("out", (n * d * 4) as u64);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        layer.forward(gpu, &mut enc, &xb, n, st, &ob, None).expect("layer forward");
+        gpu.queue.submit([enc.finish()]);
+        out.extend(gpu.read::<f32>(&ob, n * d).expect("read"));
+        at += n;
+    }
+    out
+}
+
+/// Layer 0 of the tiny K3.1 golden model (bounded gate, full-rank g_proj): its input is
+/// RMSNorm(embed(ids)) (no AttnRes bank before layer 0) and its output `layers.0.mixer_out`.
+#[test]
+fn golden_tiny_k31_layer0() {
+    let Some(gpu) = support::gpu() else { return };
+    let dir = golden::golden_path("k31_tiny/model");
+    let ckpt = Checkpoint::open(&dir).expect("open k31_tiny");
+    let d = ckpt.config.hidden_size;
+    let ids = golden::load_int_tensors("k31_tiny/outputs.safetensors")["input_ids"].1.clone();
+    let outs = golden::load_tensors("k31_tiny/outputs.safetensors");
+    let want = &golden::get(&outs, "layers.0.mixer_out").1;
+    let widen = |n: &str| -> Vec<f32> {
+        let v = ckpt.tensor(n).unwrap_or_else(|| panic!("no {n}"));
+        v.data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
+    };
+    let emb = widen("model.embed_tokens.weight");
+    let norm = widen("model.layers.0.input_layernorm.weight");
+    let x: Vec<f32> = ids
+        .iter()
+        .flat_map(|&id| {
+            let e = &emb[id as usize * d..(id as usize + 1) * d];
+            let ms = e.iter().map(|&a| a as f64 * a as f64).sum::<f64>() / d as f64;
+            let r = 1.0 / (ms + 1e-5).sqrt();
+            e.iter().zip(&norm).map(move |(&a, &w)| (a as f64 * r * w as f64) as f32).collect::<Vec<_>>()
+        })
+        .collect();
+    let t = ids.len();
+    let layer = KdaLayer::from_checkpoint(&gpu, &ckpt, 0).expect("load layer 0");
+    for t0 in [t, 20, 0] {
+        let mut st = KdaState::new(&gpu, &layer.geom);
+        let got = run_layer(&gpu, &layer, &mut st, &x, t0, t);
+        let e = rel_l2(&got, want);
+        eprintln!("k31_tiny layer 0, prefill {t0} then decode: rel L2 {e:.2e}");
+        assert!(e <= TOL, "k31_tiny layer 0 (prefill {t0}): {e:.2e}");
+    }
+}
+
+fn bf16_round(v: Vec<f32>) -> (Vec<f32>, Vec<u8>) {
+    let b: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+    (b.iter().map(|x| x.to_f32()).collect(), b.iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
+/// A random layer (Kimi Linear form: softplus gate, low-rank output gate) against the
+/// reference, prefill then decode, with a snapshot/restore round trip of the state.
+#[test]
+fn layer_matches_reference_with_snapshot() {
+    let Some(gpu) = support::gpu() else { return };
+    let (d, h, k, taps) = (48, 2, 32, 4);
+    let p = h * k;
+    let cfg = KdaConfig { num_heads: h, head_dim: k, conv_kernel: taps, gate: KdaGate::Softplus, output_gate: KdaOutputGate::LowRank };
+    let sh = r::KdaShape { d, heads: h, head_dim: k, taps, gate: cfg.gate, output_gate: cfg.output_gate };
+    let mut seed = 500;
+    let mut tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut mat = |name: &str, rows: usize, cols: usize, s: f32| -> Vec<f32> {
+        seed += 1;
+        let (vals, bytes) = bf16_round(scaled(seed, rows * cols, s / (cols as f32).sqrt()));
+        tensors.push((name.into(), DType::BF16, vec![rows, cols], bytes));
+        vals
+    };
+    let w = r::KdaWeights {
+        q_proj: mat("q_proj.weight", p, d, 1.7),
+        k_proj: mat("k_proj.weight", p, d, 1.7),
+        v_proj: mat("v_proj.weight", p, d, 1.7),
+        q_conv: Vec::new(),
+        k_conv: Vec::new(),
+        v_conv: Vec::new(),
+        f_a: mat("f_a_proj.weight", k, d, 1.7),
+        f_b: mat("f_b_proj.weight", p, k, 1.0),
+        dt_bias: Vec::new(),
+        a_log: Vec::new(),
+        b_proj: mat("b_proj.weight", h, d, 1.7),
+        g_proj: Vec::new(),
+        g_a: mat("g_a_proj.weight", k, d, 1.7),
+        g_b: mat("g_b_proj.weight", p, k, 1.7),
+        o_norm: Vec::new(),
+        o_proj: mat("o_proj.weight", d, p, 1.7),
+    };
+    let mut w = w;
+    let mut f32t = |name: &str, shape: Vec<usize>, vals: Vec<f32>| -> Vec<f32> {
+        tensors.push((name.into(), DType::F32, shape, bytemuck::cast_slice(&vals).to_vec()));
+        vals
+    };
+    w.q_conv = f32t("q_conv1d.weight", vec![p, 1, taps], scaled(601, p * taps, 0.8));
+    w.k_conv = f32t("k_conv1d.weight", vec![p, 1, taps], scaled(602, p * taps, 0.8));
+    w.v_conv = f32t("v_conv1d.weight", vec![p, 1, taps], scaled(603, p * taps, 0.8));
+    w.dt_bias = f32t("dt_bias", vec![p], scaled(604, p, 1.0));
+    w.a_log = f32t("A_log", vec![1, 1, h, 1], support::random_vec(605, h).into_iter().map(|x| x + 1.0).collect());
+    w.o_norm = f32t("o_norm.weight", vec![k], scaled(606, k, 0.2).into_iter().map(|x| x + 1.0).collect());
+    let views: Vec<(String, TensorView)> =
+        tensors.iter().map(|(n, dt, s, b)| (format!("attn.{n}"), TensorView { dtype: *dt, shape: s, data: b })).collect();
+    let layer = KdaLayer::from_tensors(&gpu, &cfg, d, "attn.", |n| views.iter().find(|(m, _)| m == n).map(|(_, v)| *v))
+        .expect("build layer");
+    let (t0, n) = (33, 4);
+    let x = scaled(700, (t0 + 2 * n) * d, 1.0);
+    let mut rst = r::KdaState::zeros(&sh);
+    let (want, _) = r::layer(&sh, &w, &x[..(t0 + n) * d], t0 + n, &mut rst);
+    let mut st = KdaState::new(&gpu, &layer.geom);
+    let got = run_layer(&gpu, &layer, &mut st, &x[..t0 * d], t0, t0);
+    let snap = st.snapshot(&gpu).expect("snapshot");
+    let tail = run_layer(&gpu, &layer, &mut st, &x[t0 * d..(t0 + n) * d], 0, n);
+    let all: Vec<f32> = [got, tail.clone()].concat();
+    let e = rel_l2(&all, &want);
+    eprintln!("random low-rank softplus layer: rel L2 {e:.2e}");
+    assert!(e <= TOL, "layer vs reference: {e:.2e}");
+    // Restore and replay: bit-identical; a different continuation then diverges from it.
+    st.restore(&gpu, &snap).expect("restore");
+    assert_eq!(st.pos, t0 as u64);
+    let again = run_layer(&gpu, &layer, &mut st, &x[t0 * d..(t0 + n) * d], 0, n);
+    assert_eq!(again, tail, "restored state replays bit-identically");
+    let bad = k31_engine::layers::kda::KdaSnapshot { state: vec![0.0; 3], ring: Vec::new(), pos: 0 };
+    assert!(st.restore(&gpu, &bad).is_err(), "a mis-sized snapshot is refused");
 }

@@ -1,1 +1,256 @@
-//! The kda layer (being written: see the open issue).
+//! One KDA layer (spec 4.2): projections, short conv, gates, delta-rule recurrence (fused
+//! decode for one token, chunked WY/UT prefill otherwise), gated RMSNorm, o_proj.
+//! The per-sequence state lives in [`KdaState`], owned by the caller (the session), so it
+//! can be snapshotted and restored.
+
+use crate::checkpoint::{Checkpoint, TensorView};
+use crate::config::{KdaConfig, KdaOutputGate};
+use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
+use crate::layout::DType;
+use crate::ops::gemv::gemv;
+use crate::ops::kda::{self, ChunkScratch, KdaGeom, KdaInputs, Prepped};
+
+/// Output-gate projection(s).
+pub enum OutputGate {
+    FullRank { g_proj: GpuTensor },
+    LowRank { g_a: GpuTensor, g_b: GpuTensor },
+}
+
+/// Weights of one KDA layer on the GPU, projections in their checkpoint dtype.
+pub struct KdaLayer {
+    pub geom: KdaGeom,
+    pub hidden: usize,
+    /// [3P, d]: q_proj | k_proj | v_proj stacked so one product gives the conv input.
+    qkv_proj: GpuTensor,
+    /// [3P, W] f32 conv taps (q | k | v).
+    conv_w: wgpu::Buffer,
+    f_a: GpuTensor,
+    f_b: GpuTensor,
+    dt_bias: wgpu::Buffer,
+    a_log: wgpu::Buffer,
+    b_proj: GpuTensor,
+    gate: OutputGate,
+    /// [V] f32 (128 values: widened once instead of a bf16 variant of the norm kernel).
+    o_norm: wgpu::Buffer,
+    o_proj: GpuTensor,
+}
+
+/// Per-sequence state of one KDA layer: the recurrent state, the conv ring and the position.
+pub struct KdaState {
+    /// [H, K, V] f32, rows = key channels.
+    pub state: wgpu::Buffer,
+    /// [W, 3P] f32: pre-conv input of position a in slot a % W.
+    pub ring: wgpu::Buffer,
+    /// Tokens seen so far.
+    pub pos: u64,
+    geom: KdaGeom,
+}
+
+/// Host copy of a [`KdaState`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct KdaSnapshot {
+    pub state: Vec<f32>,
+    pub ring: Vec<f32>,
+    pub pos: u64,
+}
+
+impl KdaState {
+    /// Sequence start: zero state and window.
+    pub fn new(gpu: &Gpu, geom: &KdaGeom) -> KdaState {
+        let k = geom.head_dim;
+        KdaState {
+            state: gpu.storage("kda state", (geom.heads * k * k * 4) as u64),
+            ring: gpu.storage("kda conv ring", (geom.taps * 3 * geom.proj() * 4) as u64),
+            pos: 0,
+            geom: *geom,
+        }
+    }
+
+    fn lens(&self) -> (usize, usize) {
+        let k = self.geom.head_dim;
+        (self.geom.heads * k * k, self.geom.taps * 3 * self.geom.proj())
+    }
+
+    pub fn snapshot(&self, gpu: &Gpu) -> Result<KdaSnapshot, GpuError> {
+        let (ns, nr) = self.lens();
+        Ok(KdaSnapshot { state: gpu.read(&self.state, ns)?, ring: gpu.read(&self.ring, nr)?, pos: self.pos })
+    }
+
+    pub fn restore(&mut self, gpu: &Gpu, snap: &KdaSnapshot) -> Result<(), GpuError> {
+        let (ns, nr) = self.lens();
+        if snap.state.len() != ns || snap.ring.len() != nr {
+            return Err(GpuError::Shape(format!(
+                "kda restore: snapshot has {} state / {} window values, this layer needs {ns} / {nr}",
+                snap.state.len(),
+                snap.ring.len()
+            )));
+        }
+        gpu.queue.write_buffer(&self.state, 0, bytemuck::cast_slice(&snap.state));
+        gpu.queue.write_buffer(&self.ring, 0, bytemuck::cast_slice(&snap.ring));
+        self.pos = snap.pos;
+        Ok(())
+    }
+}
+
+fn to_f32(v: &TensorView, name: &str) -> Result<Vec<f32>, GpuError> {
+    match v.dtype {
+        DType::F32 => Ok(bytemuck::pod_collect_to_vec(v.data)),
+        DType::BF16 => Ok(v.data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        DType::F16 => Ok(v.data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        d => Err(GpuError::Shape(format!("kda: {name} has dtype {}, expected a float type", d.name()))),
+    }
+}
+
+impl KdaLayer {
+    /// Loads layer `layer` (0-based) of a checkpoint.
+    pub fn from_checkpoint(gpu: &Gpu, ckpt: &Checkpoint, layer: usize) -> Result<KdaLayer, GpuError> {
+        let cfg = ckpt.config.kda.as_ref().ok_or_else(|| GpuError::Shape("kda: the config has no KDA layers".into()))?;
+        let prefix = format!("model.layers.{layer}.self_attn.");
+        Self::from_tensors(gpu, cfg, ckpt.config.hidden_size, &prefix, |n| ckpt.tensor(n))
+    }
+
+    /// Builds the layer from named tensors (`prefix` + `q_proj.weight` ...).
+    pub fn from_tensors<'a>(
+        gpu: &Gpu,
+        cfg: &KdaConfig,
+        hidden: usize,
+        prefix: &str,
+        get: impl Fn(&str) -> Option<TensorView<'a>>,
+    ) -> Result<KdaLayer, GpuError> {
+        let geom = KdaGeom { heads: cfg.num_heads, head_dim: cfg.head_dim, taps: cfg.conv_kernel, gate: cfg.gate, post_conv: false };
+        geom.check()?;
+        let (p, k, h) = (geom.proj(), geom.head_dim, geom.heads);
+        let view = |n: &str, numel: usize| -> Result<TensorView<'a>, GpuError> {
+            let name = format!("{prefix}{n}");
+            let v = get(&name).ok_or_else(|| GpuError::Shape(format!("kda: checkpoint has no tensor {name}")))?;
+            let have: usize = v.shape.iter().product();
+            if have != numel {
+                return Err(GpuError::Shape(format!("kda: {name} has shape {:?}, expected {numel} values", v.shape)));
+            }
+            Ok(v)
+        };
+        let matrix = |n: &str, rows: usize, cols: usize| -> Result<GpuTensor, GpuError> {
+            let v = view(n, rows * cols)?;
+            GpuTensor::upload(gpu, &format!("{prefix}{n}"), v.dtype, &[rows, cols], v.data, None)
+        };
+        let small = |n: &str, numel: usize| -> Result<wgpu::Buffer, GpuError> {
+            let v = view(n, numel)?;
+            Ok(gpu.storage_from(n, &to_f32(&v, n)?))
+        };
+        let (q, kk, v) = (view("q_proj.weight", p * hidden)?, view("k_proj.weight", p * hidden)?, view("v_proj.weight", p * hidden)?);
+        if q.dtype != kk.dtype || q.dtype != v.dtype {
+            return Err(GpuError::Shape(format!("kda: {prefix}q/k/v_proj must share one dtype")));
+        }
+        let qkv_bytes = [q.data, kk.data, v.data].concat();
+        let qkv_proj = GpuTensor::upload(gpu, &format!("{prefix}qkv_proj"), q.dtype, &[3 * p, hidden], &qkv_bytes, None)?;
+        let mut conv = Vec::with_capacity(3 * p * geom.taps);
+        for n in ["q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"] {
+            conv.extend(to_f32(&view(n, p * geom.taps)?, n)?);
+        }
+        // A_log may be stored as [H], [1,1,H,1] or longer (spec Q5): the first H values.
+        let a_log_view = get(&format!("{prefix}A_log")).ok_or_else(|| GpuError::Shape(format!("kda: no tensor {prefix}A_log")))?;
+        let a_log = to_f32(&a_log_view, "A_log")?;
+        if a_log.len() < h {
+            return Err(GpuError::Shape(format!("kda: {prefix}A_log has {} values, needs {h}", a_log.len())));
+        }
+        let gate = match cfg.output_gate {
+            KdaOutputGate::FullRank => OutputGate::FullRank { g_proj: matrix("g_proj.weight", p, hidden)? },
+            KdaOutputGate::LowRank => {
+                OutputGate::LowRank { g_a: matrix("g_a_proj.weight", k, hidden)?, g_b: matrix("g_b_proj.weight", p, k)? }
+            }
+        };
+        Ok(KdaLayer {
+            geom,
+            hidden,
+            qkv_proj,
+            conv_w: gpu.storage_from("kda conv", &conv),
+            f_a: matrix("f_a_proj.weight", k, hidden)?,
+            f_b: matrix("f_b_proj.weight", p, k)?,
+            dt_bias: small("dt_bias", p)?,
+            a_log: gpu.storage_from("A_log", &a_log[..h]),
+            b_proj: matrix("b_proj.weight", h, hidden)?,
+            gate,
+            o_norm: small("o_norm.weight", k)?,
+            o_proj: matrix("o_proj.weight", hidden, p)?,
+        })
+    }
+
+    /// out [T, d] = layer(x [T, d]), advancing `st`. One token runs the fused decode kernel;
+    /// more run the chunked prefill (never token by token).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        t_len: usize,
+        st: &mut KdaState,
+        out: &wgpu::Buffer,
+        mut prof: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        let (g, d) = (&self.geom, self.hidden);
+        let (p, k, h) = (g.proj(), g.head_dim, g.heads);
+        if t_len == 0 || x.size() < (t_len * d * 4) as u64 || out.size() < (t_len * d * 4) as u64 {
+            return Err(GpuError::Shape(format!("kda layer: x and out must hold [{t_len}, {d}] f32 with T >= 1")));
+        }
+        let buf = |label: &str, n: usize| gpu.storage(label, (n * 4) as u64);
+        let qkv = buf("kda qkv", t_len * 3 * p);
+        let fa = buf("kda f_a", t_len * k);
+        let f = buf("kda f", t_len * p);
+        let b = buf("kda b", t_len * h);
+        let gl = buf("kda gate", t_len * p);
+        let o = buf("kda o", t_len * p);
+        let y = buf("kda y", t_len * p);
+        project(gpu, enc, &self.qkv_proj, t_len, x, &qkv, prof.as_deref_mut())?;
+        project(gpu, enc, &self.f_a, t_len, x, &fa, prof.as_deref_mut())?;
+        project(gpu, enc, &self.f_b, t_len, &fa, &f, prof.as_deref_mut())?;
+        project(gpu, enc, &self.b_proj, t_len, x, &b, prof.as_deref_mut())?;
+        match &self.gate {
+            OutputGate::FullRank { g_proj } => project(gpu, enc, g_proj, t_len, x, &gl, prof.as_deref_mut())?,
+            OutputGate::LowRank { g_a, g_b } => {
+                let ga = buf("kda g_a", t_len * k);
+                project(gpu, enc, g_a, t_len, x, &ga, prof.as_deref_mut())?;
+                project(gpu, enc, g_b, t_len, &ga, &gl, prof.as_deref_mut())?;
+            }
+        }
+        let inp = KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
+        if t_len == 1 {
+            kda::decode(gpu, enc, g, st.pos, &inp, &st.ring, &st.state, &o, prof.as_deref_mut())?;
+        } else {
+            let pre = Prepped::new(gpu, g, t_len);
+            let scratch = ChunkScratch::new(gpu, g, t_len);
+            kda::prep(gpu, enc, g, t_len, st.pos, &inp, &st.ring, &pre, prof.as_deref_mut())?;
+            kda::chunk_prefill(gpu, enc, g, &pre, &scratch, &st.state, &o, prof.as_deref_mut())?;
+        }
+        kda::gated_norm(gpu, enc, g, t_len, &o, &gl, &self.o_norm, &y, prof.as_deref_mut())?;
+        project(gpu, enc, &self.o_proj, t_len, &y, out, prof)?;
+        st.pos += t_len as u64;
+        Ok(())
+    }
+}
+
+/// y [T, rows] = x [T, cols] W^T.
+/// TEMPORARY for T > 1: one GEMV per token through staging rows, correct but slow; replace
+/// with the batched GEMM (ops::linear) once it lands. The chunked recurrence is unaffected.
+fn project(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    w: &GpuTensor,
+    t_len: usize,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    mut prof: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    if t_len == 1 {
+        return gemv(gpu, enc, w, x, y, prof);
+    }
+    let (rows, cols) = (w.rows(), w.row_len());
+    let xs = gpu.storage("project x row", (cols * 4) as u64);
+    let ys = gpu.storage("project y row", (rows * 4) as u64);
+    for t in 0..t_len {
+        enc.copy_buffer_to_buffer(x, (t * cols * 4) as u64, &xs, 0, (cols * 4) as u64);
+        gemv(gpu, enc, w, &xs, &ys, prof.as_deref_mut())?;
+        enc.copy_buffer_to_buffer(&ys, 0, y, (t * rows * 4) as u64, (rows * 4) as u64);
+    }
+    Ok(())
+}
