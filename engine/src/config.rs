@@ -393,14 +393,14 @@ impl ModelConfig {
         self.count_mixer(Mixer::Global) * (mla.cache_row() + index) * 2
     }
 
-    /// Bytes of KDA state per sequence: the f32 recurrent state and the conv window
-    /// (kernel - 1 past pre-conv inputs of q, k and v, kept in f32 by the engine).
+    /// Bytes of KDA state per sequence: the f32 recurrent state and the conv window (the
+    /// engine keeps a ring of `kernel` pre-conv inputs of q, k and v per channel, in f32).
     pub fn kda_state_bytes(&self) -> KdaStateBytes {
         let Some(kda) = &self.kda else { return KdaStateBytes::default() };
         let n = self.count_mixer(Mixer::Kda);
         KdaStateBytes {
             recurrent: n * kda.num_heads * kda.head_dim * kda.head_dim * 4,
-            conv: n * (kda.conv_kernel - 1) * 3 * kda.proj_dim() * 4,
+            conv: n * kda.conv_kernel * 3 * kda.proj_dim() * 4,
         }
     }
 }
