@@ -94,3 +94,54 @@ fn gemv_f32(
     }
     reduce_and_store(lid, row, acc);
 }
+
+// Fast path when cols % 8 == 0: 16-byte weight loads (8 bf16) and ROWS rows per workgroup
+// sharing each activation load. Grid: ceil(rows / ROWS) workgroups.
+@group(0) @binding(5) var<storage, read> w4: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> x4: array<vec4<f32>>;
+
+const WG4: u32 = 128u;
+const MAX_ROWS: u32 = 8u;
+override ROWS: u32 = 4u;
+var<workgroup> partial4: array<f32, 1024>; // [MAX_ROWS, WG4]
+
+fn bf2(word: u32) -> vec2<f32> {
+    return vec2<f32>(bf16_lo(word), bf16_hi(word));
+}
+
+@compute @workgroup_size(128)
+fn gemv_bf16_v4(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let row0 = (wg.x + wg.y * nwg.x) * ROWS;
+    if (row0 >= p.rows) {
+        return;
+    }
+    let units = p.cols / 8u;
+    var acc: array<f32, MAX_ROWS>;
+    for (var u = lid; u < units; u += WG4) {
+        let a = x4[2u * u];
+        let b = x4[2u * u + 1u];
+        for (var r = 0u; r < ROWS; r++) {
+            let q = w4[min(row0 + r, p.rows - 1u) * units + u];
+            acc[r] += dot(vec4<f32>(bf2(q.x), bf2(q.y)), a) + dot(vec4<f32>(bf2(q.z), bf2(q.w)), b);
+        }
+    }
+    for (var r = 0u; r < ROWS; r++) {
+        partial4[r * WG4 + lid] = acc[r];
+    }
+    workgroupBarrier();
+    for (var s = WG4 / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            for (var r = 0u; r < ROWS; r++) {
+                partial4[r * WG4 + lid] += partial4[r * WG4 + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lid < ROWS && row0 + lid < p.rows) {
+        y[p.row_offset + row0 + lid] = partial4[lid * WG4];
+    }
+}

@@ -9,6 +9,7 @@
 pub mod bench;
 pub mod checkpoint;
 pub mod config;
+pub mod experts;
 pub mod gpu;
 pub mod init;
 pub mod layers;
@@ -18,4 +19,7 @@ pub mod plan;
 pub mod reference;
 pub mod sample;
 pub mod shaders;
+
+/// Re-exported so tests and benches can name encoder and buffer types.
+pub use wgpu;
 pub mod trace;

@@ -11,7 +11,17 @@ shader_params!(
 
 pub const GEMV_BF16: Kernel = Kernel::new("gemv_bf16", "gemv", "gemv_bf16");
 pub const GEMV_F32: Kernel = Kernel::new("gemv_f32", "gemv", "gemv_f32");
-pub const KERNELS: &[Kernel] = &[GEMV_BF16, GEMV_F32];
+/// 16-byte loads, `ROWS` rows per workgroup (cols % 8 == 0); variants for the bench.
+pub const GEMV_BF16_V4_R1: Kernel = Kernel::new("gemv_bf16_v4_r1", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 1.0)]);
+pub const GEMV_BF16_V4_R2: Kernel = Kernel::new("gemv_bf16_v4_r2", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 2.0)]);
+pub const GEMV_BF16_V4_R4: Kernel = Kernel::new("gemv_bf16_v4_r4", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 4.0)]);
+pub const GEMV_BF16_V4_R8: Kernel = Kernel::new("gemv_bf16_v4_r8", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 8.0)]);
+pub const GEMV_BF16_V4: Kernel = GEMV_BF16_V4_R4;
+pub const KERNELS: &[Kernel] = &[GEMV_BF16, GEMV_F32, GEMV_BF16_V4_R1, GEMV_BF16_V4_R2, GEMV_BF16_V4_R4, GEMV_BF16_V4_R8];
+
+fn rows_of(kernel: &Kernel) -> u32 {
+    kernel.constants.iter().find(|(n, _)| *n == "ROWS").map(|&(_, v)| v as u32).unwrap_or(1)
+}
 
 /// Records `y[0..rows] = W x` into `enc`, one dispatch per chunk of W.
 /// W: [rows, cols] (bf16 or f32); x: [cols] f32; y: [rows] f32.
@@ -21,9 +31,24 @@ pub fn gemv(
     w: &GpuTensor,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    gemv_variant(gpu, enc, w, x, y, None, profiler)
+}
+
+/// [`gemv`] with an explicit bf16 fast-path variant (one of the `GEMV_BF16_V4_*`), for the bench.
+pub fn gemv_variant(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    fast: Option<Kernel>,
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    let v4 = w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] % 8 == 0;
     let (kernel, binding) = match w.dtype {
+        DType::BF16 if v4 => (fast.unwrap_or(GEMV_BF16_V4), 5),
         DType::BF16 => (GEMV_BF16, 1),
         DType::F32 => (GEMV_F32, 4),
         d => return Err(GpuError::Shape(format!("gemv: {} has dtype {}, expected bf16 or f32", w.label, d.name()))),
@@ -53,16 +78,19 @@ pub fn gemv(
             entries: &[
                 wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() },
                 wgpu::BindGroupEntry { binding, resource: chunk.buffer.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 2, resource: x.as_entire_binding() },
+                wgpu::BindGroupEntry { binding: if v4 { 6 } else { 2 }, resource: x.as_entire_binding() },
                 wgpu::BindGroupEntry { binding: 3, resource: y.as_entire_binding() },
             ],
         });
-        let timestamp_writes = profiler.as_deref_mut().and_then(|p| p.pass(kernel.name));
+        // Every bf16 variant reports under one row, so profiles stay comparable.
+        let label = if w.dtype == DType::BF16 { GEMV_BF16.name } else { kernel.name };
+        let timestamp_writes = profiler.as_deref_mut().and_then(|p| p.pass(label));
         let mut pass =
             enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
         pass.set_pipeline(&pipeline);
         pass.set_bind_group(0, &bind, &[]);
-        let (gx, gy) = gpu.grid(chunk.rows as u32);
+        let per = if v4 { rows_of(&kernel) } else { 1 };
+        let (gx, gy) = gpu.grid((chunk.rows as u32).div_ceil(per));
         pass.dispatch_workgroups(gx, gy, 1);
     }
     Ok(())

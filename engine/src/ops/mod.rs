@@ -6,8 +6,12 @@ pub mod dsa;
 pub mod elementwise;
 pub mod embed;
 pub mod gemv;
+pub mod attn_res;
 pub mod kda;
+pub mod linear;
 pub mod moe;
+pub mod norm;
+pub mod router;
 
 use crate::gpu::Kernel;
 
@@ -66,5 +70,6 @@ pub fn all_params() -> Vec<ParamsLayout> {
 
 /// Every kernel variant the engine can build: the table the portability test expands.
 pub fn all_kernels() -> Vec<Kernel> {
-    [copy::KERNELS, gemv::KERNELS, embed::KERNELS, elementwise::KERNELS, kda::KERNELS, dsa::KERNELS, moe::KERNELS].concat()
+    [copy::KERNELS, gemv::KERNELS, embed::KERNELS, elementwise::KERNELS, kda::KERNELS, dsa::KERNELS, moe::KERNELS, router::KERNELS, norm::KERNELS, attn_res::KERNELS, linear::KERNELS]
+        .concat()
 }

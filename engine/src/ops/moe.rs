@@ -1,9 +1,294 @@
-//! Host side of shaders/moe.wgsl (being written: see the open issue).
+//! Host side of shaders/moe.wgsl: routed experts read through the expert store, with the
+//! routing taken from GPU memory (decode: one dispatch per stage for all selected experts;
+//! prefill: pairs grouped by expert on the GPU, tiled over each expert's tokens).
 
-use crate::gpu::Kernel;
+use super::shader_params;
+use crate::config::{Activation, ExpertFormat};
+use crate::experts::ExpertStore;
+use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
 
-pub const KERNELS: &[Kernel] = &[];
+shader_params!(
+    /// Mirrors `ExpertParams` in shaders/moe.wgsl.
+    ExpertParams in "moe" {
+        tokens: u32, top_k: u32, n_in: u32, n_mid: u32, table_base: u32, num_experts: u32,
+        slot_words4: u32, act: u32, off_w1: u32, off_w3: u32, off_w2: u32, off_s1: u32,
+        off_s3: u32, off_s2: u32, beta: f32, linear_beta: f32,
+    }
+);
+
+const MX: &[(&str, f64)] = &[("MXFP4", 1.0)];
+const BF: &[(&str, f64)] = &[("MXFP4", 0.0)];
+const MX_R1: &[(&str, f64)] = &[("MXFP4", 1.0), ("ROWS", 1.0)];
+const MX_R4: &[(&str, f64)] = &[("MXFP4", 1.0), ("ROWS", 4.0)];
+
+pub const EXPERT_UP_MXFP4: Kernel = Kernel::new("expert_up_mxfp4", "moe", "expert_up").with_constants(MX);
+pub const EXPERT_UP_MXFP4_R1: Kernel = Kernel::new("expert_up_mxfp4_r1", "moe", "expert_up").with_constants(MX_R1);
+pub const EXPERT_UP_MXFP4_R4: Kernel = Kernel::new("expert_up_mxfp4_r4", "moe", "expert_up").with_constants(MX_R4);
+pub const EXPERT_UP_BF16: Kernel = Kernel::new("expert_up_bf16", "moe", "expert_up").with_constants(BF);
+pub const EXPERT_DOWN_MXFP4: Kernel = Kernel::new("expert_down_mxfp4", "moe", "expert_down").with_constants(MX);
+pub const EXPERT_DOWN_MXFP4_R1: Kernel = Kernel::new("expert_down_mxfp4_r1", "moe", "expert_down").with_constants(MX_R1);
+pub const EXPERT_DOWN_MXFP4_R4: Kernel = Kernel::new("expert_down_mxfp4_r4", "moe", "expert_down").with_constants(MX_R4);
+pub const EXPERT_DOWN_BF16: Kernel = Kernel::new("expert_down_bf16", "moe", "expert_down").with_constants(BF);
+pub const MOE_GROUP: Kernel = Kernel::new("moe_group", "moe", "moe_group");
+pub const EXPERT_UP_GROUPED_MXFP4: Kernel = Kernel::new("expert_up_grouped_mxfp4", "moe", "expert_up_grouped").with_constants(MX);
+pub const EXPERT_UP_GROUPED_BF16: Kernel = Kernel::new("expert_up_grouped_bf16", "moe", "expert_up_grouped").with_constants(BF);
+pub const EXPERT_DOWN_GROUPED_MXFP4: Kernel =
+    Kernel::new("expert_down_grouped_mxfp4", "moe", "expert_down_grouped").with_constants(MX);
+pub const EXPERT_DOWN_GROUPED_BF16: Kernel = Kernel::new("expert_down_grouped_bf16", "moe", "expert_down_grouped").with_constants(BF);
+pub const MOE_COMBINE: Kernel = Kernel::new("moe_combine", "moe", "moe_combine");
+pub const MXFP4_DEQUANT: Kernel = Kernel::new("mxfp4_dequant", "moe", "mxfp4_dequant");
+
+pub const KERNELS: &[Kernel] = &[
+    EXPERT_UP_MXFP4,
+    EXPERT_UP_MXFP4_R1,
+    EXPERT_UP_MXFP4_R4,
+    EXPERT_UP_BF16,
+    EXPERT_DOWN_MXFP4,
+    EXPERT_DOWN_MXFP4_R1,
+    EXPERT_DOWN_MXFP4_R4,
+    EXPERT_DOWN_BF16,
+    MOE_GROUP,
+    EXPERT_UP_GROUPED_MXFP4,
+    EXPERT_UP_GROUPED_BF16,
+    EXPERT_DOWN_GROUPED_MXFP4,
+    EXPERT_DOWN_GROUPED_BF16,
+    MOE_COMBINE,
+    MXFP4_DEQUANT,
+];
 
 pub fn params() -> Vec<super::ParamsLayout> {
-    Vec::new()
+    vec![
+        super::layout_of::<ExpertParams>(),
+        super::layout_of::<super::router::RouterParams>(),
+        super::layout_of::<super::norm::NormParams>(),
+        super::layout_of::<super::norm::GluParams>(),
+        super::layout_of::<super::attn_res::AttnResParams>(),
+        super::layout_of::<super::linear::LinearParams>(),
+    ]
+}
+
+/// Records one compute pass of `kernel` with `params` at binding 0 and `buffers` at their
+/// bindings, over a grid of `groups` workgroups (folded into 2-D) times `gy`.
+pub(crate) fn dispatch<P: bytemuck::Pod>(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    kernel: &Kernel,
+    params: &P,
+    buffers: &[(u32, &wgpu::Buffer)],
+    groups: (u32, u32),
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let pipeline = gpu.pipelines.get(gpu, kernel)?;
+    let uniform = gpu.uniform(kernel.name, params);
+    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
+    entries.extend(buffers.iter().map(|&(binding, b)| wgpu::BindGroupEntry { binding, resource: b.as_entire_binding() }));
+    let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(kernel.name),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    });
+    let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind, &[]);
+    if groups.1 > 1 {
+        if groups.0 > gpu.caps.max_workgroups_per_dim || groups.1 > gpu.caps.max_workgroups_per_dim {
+            return Err(GpuError::Shape(format!("{}: grid {groups:?} exceeds the adapter's limit", kernel.name)));
+        }
+        pass.dispatch_workgroups(groups.0.max(1), groups.1, 1);
+    } else {
+        let (gx, gy) = gpu.grid(groups.0);
+        pass.dispatch_workgroups(gx, gy, 1);
+    }
+    Ok(())
+}
+
+/// Which decode kernels to run (the default is the 2-row variant; the others are for the bench).
+#[derive(Clone, Copy, Debug)]
+pub struct DecodeKernels {
+    pub up: Kernel,
+    pub down: Kernel,
+    pub rows: u32,
+}
+
+pub const DECODE_DEFAULT: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4, down: EXPERT_DOWN_MXFP4, rows: 2 };
+pub const DECODE_R1: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4_R1, down: EXPERT_DOWN_MXFP4_R1, rows: 1 };
+pub const DECODE_R4: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4_R4, down: EXPERT_DOWN_MXFP4_R4, rows: 4 };
+
+/// Per-call shape and activation of a routed-expert run.
+#[derive(Clone, Copy, Debug)]
+pub struct ExpertCall {
+    pub layer: usize,
+    pub tokens: usize,
+    pub top_k: usize,
+    pub act: Activation,
+}
+
+fn expert_params(store: &ExpertStore, c: &ExpertCall) -> Result<ExpertParams, GpuError> {
+    let l = &store.layout;
+    if c.layer >= store.num_layers || c.top_k == 0 || c.top_k > store.num_experts || c.tokens == 0 {
+        return Err(GpuError::Shape(format!(
+            "experts: layer {} of {}, top_k {} of {} experts, {} tokens",
+            c.layer, store.num_layers, c.top_k, store.num_experts, c.tokens
+        )));
+    }
+    let (act, beta, linear_beta) = match c.act {
+        Activation::Situ { beta, linear_beta } => (0, beta, linear_beta.unwrap_or(0.0)),
+        Activation::Silu => (1, 0.0, 0.0),
+    };
+    Ok(ExpertParams {
+        tokens: c.tokens as u32,
+        top_k: c.top_k as u32,
+        n_in: l.n_in as u32,
+        n_mid: l.n_mid as u32,
+        table_base: store.table_base(c.layer),
+        num_experts: store.num_experts as u32,
+        slot_words4: (l.slot_bytes / 16) as u32,
+        act,
+        off_w1: l.off_w[0],
+        off_w3: l.off_w[1],
+        off_w2: l.off_w[2],
+        off_s1: l.off_s[0],
+        off_s3: l.off_s[1],
+        off_s2: l.off_s[2],
+        beta,
+        linear_beta,
+    })
+}
+
+fn need(buf: &wgpu::Buffer, bytes: usize, what: &str) -> Result<(), GpuError> {
+    if buf.size() < bytes as u64 {
+        return Err(GpuError::Shape(format!("experts: {what} has {} bytes, needs {bytes}", buf.size())));
+    }
+    Ok(())
+}
+
+/// Decode path (any token count, per-token weight reads): for each token t and selected
+/// expert j, h[t, j] = act(w1 z_t, w3 z_t); then y[t] = sum_j wts[t, j] w2 h[t, j].
+/// z: [T, n_in] f32; idx: [T, top_k] u32; wts: [T, top_k] f32; h: [T * top_k, n_mid] f32
+/// scratch; y: [T, n_in] f32.
+#[allow(clippy::too_many_arguments)]
+pub fn experts_decode(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    store: &ExpertStore,
+    call: &ExpertCall,
+    kernels: DecodeKernels,
+    z: &wgpu::Buffer,
+    idx: &wgpu::Buffer,
+    wts: &wgpu::Buffer,
+    h: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let p = expert_params(store, call)?;
+    let (t, k, n_in, n_mid) = (call.tokens, call.top_k, store.layout.n_in, store.layout.n_mid);
+    need(z, t * n_in * 4, "z")?;
+    need(idx, t * k * 4, "idx")?;
+    need(wts, t * k * 4, "wts")?;
+    need(h, t * k * n_mid * 4, "h")?;
+    need(y, t * n_in * 4, "y")?;
+    let (up, down, rows) = match store.layout.format {
+        ExpertFormat::Mxfp4 => (kernels.up, kernels.down, kernels.rows),
+        ExpertFormat::Bf16 => (EXPERT_UP_BF16, EXPERT_DOWN_BF16, 2),
+    };
+    let pairs = (t * k) as u32;
+    dispatch(
+        gpu,
+        enc,
+        &up,
+        &p,
+        &[(1, &store.pool), (2, &store.table), (3, idx), (5, z), (6, h)],
+        ((n_mid as u32).div_ceil(rows), pairs),
+        profiler.as_deref_mut(),
+    )?;
+    dispatch(
+        gpu,
+        enc,
+        &down,
+        &p,
+        &[(1, &store.pool), (2, &store.table), (3, idx), (4, wts), (5, h), (6, y)],
+        ((n_in as u32).div_ceil(rows), t as u32),
+        profiler,
+    )
+}
+
+/// GPU scratch of the prefill path for `tokens` x `top_k` pairs.
+pub struct GroupedScratch {
+    /// [num_experts, tokens] u32 pair lists.
+    pub list: wgpu::Buffer,
+    /// [num_experts] u32.
+    pub count: wgpu::Buffer,
+    /// [tokens * top_k, n_mid] f32.
+    pub h: wgpu::Buffer,
+    /// [tokens * top_k, n_in] f32 per-pair expert outputs.
+    pub yk: wgpu::Buffer,
+}
+
+impl GroupedScratch {
+    pub fn new(gpu: &Gpu, store: &ExpertStore, tokens: usize, top_k: usize) -> GroupedScratch {
+        let l = &store.layout;
+        GroupedScratch {
+            list: gpu.storage("moe list", (store.num_experts * tokens * 4) as u64),
+            count: gpu.storage("moe count", (store.num_experts * 4) as u64),
+            h: gpu.storage("moe h", (tokens * top_k * l.n_mid * 4) as u64),
+            yk: gpu.storage("moe yk", (tokens * top_k * l.n_in * 4) as u64),
+        }
+    }
+}
+
+/// Prefill path: pairs grouped by expert on the GPU, each expert's weight tiles read once
+/// per 16 routed tokens (from memory once per chunk), then a fixed-order weighted combine.
+#[allow(clippy::too_many_arguments)]
+pub fn experts_grouped(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    store: &ExpertStore,
+    call: &ExpertCall,
+    z: &wgpu::Buffer,
+    idx: &wgpu::Buffer,
+    wts: &wgpu::Buffer,
+    s: &GroupedScratch,
+    y: &wgpu::Buffer,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let p = expert_params(store, call)?;
+    let (t, k, n_in, n_mid, e) = (call.tokens, call.top_k, store.layout.n_in, store.layout.n_mid, store.num_experts);
+    need(z, t * n_in * 4, "z")?;
+    need(idx, t * k * 4, "idx")?;
+    need(wts, t * k * 4, "wts")?;
+    need(&s.list, e * t * 4, "list")?;
+    need(&s.h, t * k * n_mid * 4, "h")?;
+    need(&s.yk, t * k * n_in * 4, "yk")?;
+    need(y, t * n_in * 4, "y")?;
+    let (up, down) = match store.layout.format {
+        ExpertFormat::Mxfp4 => (EXPERT_UP_GROUPED_MXFP4, EXPERT_DOWN_GROUPED_MXFP4),
+        ExpertFormat::Bf16 => (EXPERT_UP_GROUPED_BF16, EXPERT_DOWN_GROUPED_BF16),
+    };
+    dispatch(gpu, enc, &MOE_GROUP, &p, &[(3, idx), (7, &s.list), (8, &s.count)], (e as u32, 1), profiler.as_deref_mut())?;
+    let up_bufs = [(1, &store.pool), (2, &store.table), (5, z), (6, &s.h), (7, &s.list), (8, &s.count)];
+    dispatch(gpu, enc, &up, &p, &up_bufs, ((n_mid as u32).div_ceil(64), e as u32), profiler.as_deref_mut())?;
+    let down_bufs = [(1, &store.pool), (2, &store.table), (5, &s.h), (6, &s.yk), (7, &s.list), (8, &s.count)];
+    dispatch(gpu, enc, &down, &p, &down_bufs, ((n_in as u32).div_ceil(64), e as u32), profiler.as_deref_mut())?;
+    dispatch(gpu, enc, &MOE_COMBINE, &p, &[(4, wts), (5, &s.yk), (6, y)], (((t * n_in) as u32).div_ceil(128), 1), profiler)
+}
+
+/// Dequantises w1 of (layer, expert) to f32 bits [n_mid, n_in] in `out` (bit-exact decode check).
+pub fn mxfp4_dequant(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    store: &ExpertStore,
+    layer: usize,
+    expert: usize,
+    out: &wgpu::Buffer,
+) -> Result<(), GpuError> {
+    if store.layout.format != ExpertFormat::Mxfp4 || expert >= store.num_experts {
+        return Err(GpuError::Shape("mxfp4_dequant: needs an MXFP4 store and a valid expert".into()));
+    }
+    let call = ExpertCall { layer, tokens: 1, top_k: 1, act: Activation::Silu };
+    let mut p = expert_params(store, &call)?;
+    p.table_base += expert as u32;
+    let n = (store.layout.n_in * store.layout.n_mid) as u32;
+    need(out, n as usize * 4, "out")?;
+    dispatch(gpu, enc, &MXFP4_DEQUANT, &p, &[(1, &store.pool), (2, &store.table), (6, out)], (n.div_ceil(128), 1), None)
 }

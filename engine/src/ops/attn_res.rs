@@ -1,0 +1,48 @@
+//! Host side of shaders/attn_res.wgsl: the Block AttnRes aggregation (spec 3.1).
+
+use super::moe::dispatch;
+use super::shader_params;
+use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
+
+shader_params!(
+    /// Mirrors `AttnResParams` in shaders/attn_res.wgsl.
+    AttnResParams in "attn_res" {
+        tokens: u32, d: u32, n_bank: u32, bank_stride: u32, eps: f32, _pad0: u32, _pad1: u32, _pad2: u32,
+    }
+);
+
+pub const ATTN_RES: Kernel = Kernel::new("attn_res", "attn_res", "attn_res");
+pub const KERNELS: &[Kernel] = &[ATTN_RES];
+/// Most sources one aggregation takes (MAX_SOURCES in the shader).
+pub const MAX_SOURCES: usize = 16;
+
+/// out [T, d] = AttnRes(bank[0..n_bank] ∪ {cur}); alpha [T, n_bank + 1].
+/// bank: n_bank entries of `bank_stride` f32 each ([T, d] used); gamma, proj: [d] bf16.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_res(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    tokens: usize,
+    d: usize,
+    n_bank: usize,
+    bank_stride: usize,
+    eps: f32,
+    bank: &wgpu::Buffer,
+    cur: &wgpu::Buffer,
+    gamma: &wgpu::Buffer,
+    proj: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    alpha: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let n = n_bank + 1;
+    if n > MAX_SOURCES || d == 0 || bank_stride < tokens * d {
+        return Err(GpuError::Shape(format!("attn_res: {n} sources (at most {MAX_SOURCES}), d {d}, bank stride {bank_stride} < {tokens} x {d}")));
+    }
+    let td = (tokens * d * 4) as u64;
+    if bank.size() < (n_bank * bank_stride * 4) as u64 || cur.size() < td || out.size() < td || alpha.size() < (tokens * n * 4) as u64 || gamma.size() < (d * 2) as u64 || proj.size() < (d * 2) as u64 {
+        return Err(GpuError::Shape(format!("attn_res: buffers too small for {tokens} tokens x {d} with {n} sources")));
+    }
+    let p = AttnResParams { tokens: tokens as u32, d: d as u32, n_bank: n_bank as u32, bank_stride: bank_stride as u32, eps, ..Default::default() };
+    dispatch(gpu, enc, &ATTN_RES, &p, &[(1, bank), (2, cur), (3, gamma), (4, proj), (5, out), (6, alpha)], (tokens as u32, 1), profiler)
+}

@@ -1,0 +1,52 @@
+//! Host side of shaders/linear.wgsl: `y[t] = W x[t]` for a batch of tokens (prefill);
+//! one token goes through the GEMV instead.
+
+use super::moe::dispatch;
+use super::shader_params;
+use crate::gpu::{Gpu, GpuError, GpuTensor, Kernel, Profiler};
+use crate::layout::DType;
+
+shader_params!(
+    /// Mirrors `LinearParams` in shaders/linear.wgsl.
+    LinearParams in "linear" {
+        rows: u32, cols: u32, tokens: u32, row_offset: u32, y_stride: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+    }
+);
+
+pub const LINEAR_BF16: Kernel = Kernel::new("linear_bf16", "linear", "linear_bf16");
+pub const KERNELS: &[Kernel] = &[LINEAR_BF16];
+
+/// y [T, rows] = x [T, cols] W^T with W [rows, cols] bf16; T = 1 runs the GEMV.
+pub fn linear(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    w: &GpuTensor,
+    tokens: usize,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    if tokens == 1 {
+        return super::gemv::gemv(gpu, enc, w, x, y, profiler);
+    }
+    if w.dtype != DType::BF16 || w.shape.len() != 2 {
+        return Err(GpuError::Shape(format!("linear: {} must be a bf16 matrix, is {} {:?}", w.label, w.dtype.name(), w.shape)));
+    }
+    let (rows, cols) = (w.shape[0], w.shape[1]);
+    if x.size() < (tokens * cols * 4) as u64 || y.size() < (tokens * rows * 4) as u64 {
+        return Err(GpuError::Shape(format!("linear: {} [{rows}, {cols}] needs x [{tokens}, {cols}] and y [{tokens}, {rows}]", w.label)));
+    }
+    for chunk in w.chunks.iter().filter(|c| c.rows > 0) {
+        let p = LinearParams {
+            rows: chunk.rows as u32,
+            cols: cols as u32,
+            tokens: tokens as u32,
+            row_offset: chunk.first_row as u32,
+            y_stride: rows as u32,
+            ..Default::default()
+        };
+        let groups = ((chunk.rows as u32).div_ceil(64), (tokens as u32).div_ceil(32));
+        dispatch(gpu, enc, &LINEAR_BF16, &p, &[(1, &chunk.buffer), (2, x), (3, y)], groups, profiler.as_deref_mut())?;
+    }
+    Ok(())
+}

@@ -1,0 +1,60 @@
+//! Host side of shaders/router.wgsl: MoE expert selection on the GPU (spec 6.2).
+
+use super::moe::dispatch;
+use super::shader_params;
+use crate::config::RouterConfig;
+use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
+
+shader_params!(
+    /// Mirrors `RouterParams` in shaders/router.wgsl.
+    RouterParams in "router" {
+        tokens: u32, experts: u32, top_k: u32, n_group: u32, topk_group: u32, renormalize: u32,
+        scaling: f32, _pad: u32,
+    }
+);
+
+pub const ROUTER_SELECT: Kernel = Kernel::new("router_select", "router", "router_select");
+pub const KERNELS: &[Kernel] = &[ROUTER_SELECT];
+/// Most experts one router workgroup holds (MAX_E in the shader).
+pub const MAX_EXPERTS: usize = 1024;
+
+/// idx/wts [T, top_k] from logits [T, experts] and the selection bias [experts].
+#[allow(clippy::too_many_arguments)]
+pub fn router_select(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    cfg: &RouterConfig,
+    tokens: usize,
+    experts: usize,
+    top_k: usize,
+    logits: &wgpu::Buffer,
+    bias: &wgpu::Buffer,
+    idx: &wgpu::Buffer,
+    wts: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let groups = cfg.num_expert_group.max(1);
+    let limited = groups > 1 && cfg.topk_group < groups;
+    if experts == 0 || experts > MAX_EXPERTS || top_k == 0 || top_k > experts || top_k > 64 || experts % groups != 0 {
+        return Err(GpuError::Shape(format!(
+            "router: {experts} experts (at most {MAX_EXPERTS}, divisible by {groups} groups) with top_k {top_k} (1..=64)"
+        )));
+    }
+    if limited && (cfg.topk_group == 0 || top_k > cfg.topk_group * (experts / groups)) {
+        return Err(GpuError::Shape(format!("router: top_k {top_k} exceeds the experts of {} kept groups", cfg.topk_group)));
+    }
+    if logits.size() < (tokens * experts * 4) as u64 || bias.size() < (experts * 4) as u64 || idx.size() < (tokens * top_k * 4) as u64 || wts.size() < (tokens * top_k * 4) as u64 {
+        return Err(GpuError::Shape(format!("router: buffers too small for {tokens} tokens x {experts} experts, top_k {top_k}")));
+    }
+    let p = RouterParams {
+        tokens: tokens as u32,
+        experts: experts as u32,
+        top_k: top_k as u32,
+        n_group: groups as u32,
+        topk_group: cfg.topk_group as u32,
+        renormalize: cfg.renormalize as u32,
+        scaling: cfg.routed_scaling_factor,
+        _pad: 0,
+    };
+    dispatch(gpu, enc, &ROUTER_SELECT, &p, &[(1, logits), (2, bias), (3, idx), (4, wts)], (tokens as u32, 1), profiler)
+}

@@ -1,0 +1,152 @@
+// MoE router selection (spec 6.2), one workgroup per token, decided on the GPU:
+//   s = sigmoid(logits); b = s + bias (selection only); optional group limit (group score =
+//   sum of the top-2 b in the group, keep topk_group groups, others -inf); idx = top_k of b
+//   in rank order (ties toward the lower expert id); wts = s[idx], renormalised when
+//   `renormalize` (and top_k > 1), times `scaling`.
+// Preconditions (host-checked): experts <= MAX_E; experts % n_group == 0; top_k <= experts.
+// logits: [tokens, experts] f32; bias: [experts] f32; idx: [tokens, top_k] u32; wts: same f32.
+
+struct RouterParams {
+    tokens: u32,
+    experts: u32,
+    top_k: u32,
+    n_group: u32,
+    topk_group: u32,
+    renormalize: u32,
+    scaling: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: RouterParams;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read> bias: array<f32>;
+@group(0) @binding(3) var<storage, read_write> idx: array<u32>;
+@group(0) @binding(4) var<storage, read_write> wts: array<f32>;
+
+const WG: u32 = 256u;
+const MAX_E: u32 = 1024u;
+const NEG_INF: f32 = -3.40282347e38;
+
+var<workgroup> score: array<f32, MAX_E>;  // unbiased sigmoid scores
+var<workgroup> key: array<f32, MAX_E>;    // selection keys; taken entries marked in `taken`
+var<workgroup> taken: array<u32, MAX_E>;
+var<workgroup> best_v: array<f32, WG>;
+var<workgroup> best_i: array<u32, WG>;
+var<workgroup> gscore: array<f32, WG>;
+var<workgroup> chosen: array<u32, 64>;
+
+fn better(v: f32, i: u32, bv: f32, bi: u32) -> bool {
+    return v > bv || (v == bv && i < bi);
+}
+
+// Index of the largest entry of `key` not yet taken (ties to the lower index).
+fn argmax(lid: u32, n: u32, stride: u32, use_group: bool) -> u32 {
+    var bv = NEG_INF;
+    var bi = 0xffffffffu;
+    for (var i = lid; i < n; i += WG) {
+        var v: f32;
+        var ok: bool;
+        if (use_group) {
+            v = gscore[i];
+            ok = taken[i * stride] != 2u;
+        } else {
+            v = key[i];
+            ok = taken[i] == 0u;
+        }
+        if (ok && (bi == 0xffffffffu || better(v, i, bv, bi))) {
+            bv = v;
+            bi = i;
+        }
+    }
+    best_v[lid] = bv;
+    best_i[lid] = bi;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            let oi = best_i[lid + s];
+            if (oi != 0xffffffffu && (best_i[lid] == 0xffffffffu || better(best_v[lid + s], oi, best_v[lid], best_i[lid]))) {
+                best_v[lid] = best_v[lid + s];
+                best_i[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let r = best_i[0];
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn router_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wg.x + wg.y * nwg.x;
+    if (t >= p.tokens) {
+        return;
+    }
+    let n = p.experts;
+    for (var i = lid; i < n; i += WG) {
+        let s = 1.0 / (1.0 + exp(-logits[t * n + i]));
+        score[i] = s;
+        key[i] = s + bias[i];
+        taken[i] = 0u;
+    }
+    workgroupBarrier();
+    if (p.n_group > 1u && p.topk_group < p.n_group) {
+        // Group limit: score each group by its top-2 keys, keep topk_group groups.
+        let per = n / p.n_group;
+        for (var g = lid; g < p.n_group; g += WG) {
+            var m1 = NEG_INF;
+            var m2 = NEG_INF;
+            for (var i = g * per; i < (g + 1u) * per; i++) {
+                let v = key[i];
+                if (v > m1) {
+                    m2 = m1;
+                    m1 = v;
+                } else if (v > m2) {
+                    m2 = v;
+                }
+            }
+            gscore[g] = select(m1 + m2, m1, per == 1u);
+        }
+        workgroupBarrier();
+        // Mark kept groups' first entry with 2 (chosen), then drop the others.
+        for (var k = 0u; k < p.topk_group; k++) {
+            let g = argmax(lid, p.n_group, per, true);
+            if (lid == 0u) {
+                taken[g * per] = 2u;
+            }
+            workgroupBarrier();
+        }
+        for (var i = lid; i < n; i += WG) {
+            if (taken[(i / per) * per] != 2u) {
+                key[i] = NEG_INF;
+                taken[i] = 1u;
+            }
+        }
+        workgroupBarrier();
+        for (var i = lid; i < n; i += WG) {
+            if (taken[i] == 2u) {
+                taken[i] = 0u;
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var k = 0u; k < p.top_k; k++) {
+        let e = argmax(lid, n, 1u, false);
+        if (lid == 0u) {
+            taken[e] = 1u;
+            chosen[k] = e;
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        var sum = 0.0;
+        for (var k = 0u; k < p.top_k; k++) {
+            sum += score[chosen[k]];
+        }
+        let norm = select(1.0, 1.0 / (sum + 1e-20), p.renormalize != 0u && p.top_k > 1u);
+        for (var k = 0u; k < p.top_k; k++) {
+            idx[t * p.top_k + k] = chosen[k];
+            wts[t * p.top_k + k] = score[chosen[k]] * norm * p.scaling;
+        }
+    }
+}

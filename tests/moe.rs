@@ -1,0 +1,339 @@
+//! MoE, router, MXFP4, RMSNorm, AttnRes and GEMV kernels against their CPU references
+//! and the goldens tests/golden/ops/{moe,attn_res,mxfp4}.safetensors (run on lavapipe).
+
+mod support;
+
+use k31_engine::config::{Activation, ExpertFormat, RouterConfig};
+use k31_engine::experts::{ExpertStore, ExpertWeights, SlotLayout};
+use k31_engine::gpu::{Gpu, GpuTensor};
+use k31_engine::layout::DType;
+use k31_engine::ops::{attn_res, gemv, linear, moe, norm, router};
+use k31_engine::reference;
+use support::golden;
+use k31_engine::wgpu;
+
+const SITU: Activation = Activation::Situ { beta: 4.0, linear_beta: Some(25.0) };
+
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect()
+}
+fn bf16_round(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
+}
+fn bf16_tensor(gpu: &Gpu, name: &str, rows: usize, cols: usize, v: &[f32]) -> GpuTensor {
+    GpuTensor::upload(gpu, name, DType::BF16, &[rows, cols], &bf16_bytes(v), None).expect("upload")
+}
+fn run(gpu: &Gpu, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    f(&mut enc);
+    gpu.queue.submit([enc.finish()]);
+}
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    support::nmse(got, want).sqrt()
+}
+fn random_bytes(seed: u64, n: usize, lo: u8, hi: u8) -> Vec<u8> {
+    let span = hi as u32 - lo as u32 + 1;
+    support::random_vec(seed, n).iter().map(|&v| lo + (((v + 1.0) * 0.5 * span as f32) as u32).min(span - 1) as u8).collect()
+}
+
+#[test]
+fn mxfp4_decode_is_bit_exact() {
+    let Some(gpu) = support::gpu() else { return };
+    let f = "ops/mxfp4.safetensors";
+    let all = golden::load_tensors(f);
+    for (case, rows, cols, reps) in [("table", 16, 32, 2), ("random", 64, 128, 1)] {
+        let (_, _, packed) = golden::load_raw(f, &format!("{case}.packed"));
+        let (_, _, scale) = golden::load_raw(f, &format!("{case}.scale"));
+        let want = &golden::get(&all, &format!("{case}.dequant")).1;
+        // Slots need widths that are multiples of 32: repeat the rows.
+        let (packed, scale, want): (Vec<u8>, Vec<u8>, Vec<f32>) =
+            (packed.repeat(reps), scale.repeat(reps), want.repeat(reps));
+        let (n_mid, n_in) = (rows * reps, cols);
+        let layout = SlotLayout::new(ExpertFormat::Mxfp4, n_in, n_mid).unwrap();
+        let mut store = ExpertStore::new(&gpu, layout, 1, 2, 2).unwrap();
+        let w2p = vec![0u8; n_in * n_mid / 2];
+        let w2s = vec![127u8; n_in * n_mid / 32];
+        let w = ExpertWeights::Mxfp4 { w1: (&packed, &scale), w3: (&packed, &scale), w2: (&w2p, &w2s) };
+        store.fill(&gpu, 0, 1, &w).unwrap();
+        let out = gpu.storage("dequant", (n_mid * n_in * 4) as u64);
+        run(&gpu, |enc| moe::mxfp4_dequant(&gpu, enc, &store, 0, 1, &out).unwrap());
+        let got: Vec<u32> = gpu.read(&out, n_mid * n_in).unwrap();
+        let cpu = reference::numerics::dequant_mxfp4(&packed, &scale, n_mid, n_in);
+        for i in 0..got.len() {
+            assert_eq!(got[i], want[i].to_bits(), "{case}: element {i}: {} vs golden {}", f32::from_bits(got[i]), want[i]);
+            assert_eq!(got[i], cpu[i].to_bits(), "{case}: element {i} vs CPU reference");
+        }
+    }
+}
+
+fn router_cfg(groups: usize, topk_group: usize, scaling: f32) -> RouterConfig {
+    RouterConfig { num_expert_group: groups, topk_group, renormalize: true, routed_scaling_factor: scaling }
+}
+
+fn gpu_route(gpu: &Gpu, cfg: &RouterConfig, t: usize, e: usize, k: usize, logits: &[f32], bias: &[f32]) -> (Vec<u32>, Vec<f32>) {
+    let lb = gpu.storage_from("logits", logits);
+    let bb = gpu.storage_from("bias", bias);
+    let idx = gpu.storage("idx", (t * k * 4) as u64);
+    let wts = gpu.storage("wts", (t * k * 4) as u64);
+    run(gpu, |enc| router::router_select(gpu, enc, cfg, t, e, k, &lb, &bb, &idx, &wts, None).unwrap());
+    (gpu.read(&idx, t * k).unwrap(), gpu.read(&wts, t * k).unwrap())
+}
+
+#[test]
+fn router_matches_reference_with_and_without_groups() {
+    let Some(gpu) = support::gpu() else { return };
+    for (t, e, k, groups, tg, scaling) in [(1, 16, 4, 1, 1, 1.0), (17, 33, 5, 1, 1, 2.446), (5, 64, 8, 8, 3, 1.0), (3, 127, 1, 1, 1, 1.0)] {
+        let cfg = router_cfg(groups, tg, scaling);
+        let mut logits = support::random_vec(t as u64, t * e).iter().map(|v| v * 4.0).collect::<Vec<_>>();
+        // Exact ties: the lower index must win.
+        logits[1] = logits[0];
+        let bias: Vec<f32> = support::random_vec(99, e).iter().map(|v| v * 0.05).collect();
+        let (idx, wts) = gpu_route(&gpu, &cfg, t, e, k, &logits, &bias);
+        for r in 0..t {
+            let (ri, rw) = reference::moe::route(&cfg, &logits[r * e..(r + 1) * e], &bias, k);
+            assert_eq!(&idx[r * k..(r + 1) * k], &ri[..], "token {r} of ({t}, {e}, {k}, groups {groups})");
+            assert!(rel_l2(&wts[r * k..(r + 1) * k], &rw) < 1e-6, "weights of token {r}");
+        }
+    }
+}
+
+/// The golden LatentMoE layer (d 256, 16 experts top-4, latent 128, intermediate 64).
+struct GoldenMoe {
+    t: usize,
+    x: Vec<f32>,
+    f: HashMap,
+}
+type HashMap = std::collections::HashMap<String, golden::Tensor>;
+
+fn golden_store(gpu: &Gpu, n_experts: usize) -> ExpertStore {
+    let f = "ops/moe.safetensors";
+    let layout = SlotLayout::new(ExpertFormat::Mxfp4, 128, 64).unwrap();
+    let mut store = ExpertStore::new(gpu, layout, 2, n_experts, n_experts).unwrap();
+    for e in (0..n_experts).rev() {
+        let plane = |m: &str, p: &str| golden::load_raw(f, &format!("w.experts.{e}.{m}.weight_{p}")).2;
+        let (w1p, w1s, w3p, w3s, w2p, w2s) = (plane("w1", "packed"), plane("w1", "scale"), plane("w3", "packed"), plane("w3", "scale"), plane("w2", "packed"), plane("w2", "scale"));
+        // Layer 1 of the store; layer 0 stays empty so table_base matters.
+        store.fill(gpu, 1, e, &ExpertWeights::Mxfp4 { w1: (&w1p, &w1s), w3: (&w3p, &w3s), w2: (&w2p, &w2s) }).unwrap();
+    }
+    store
+}
+
+fn golden_moe() -> GoldenMoe {
+    let f = golden::load_tensors("ops/moe.safetensors");
+    let x = golden::get(&f, "x").1.clone();
+    GoldenMoe { t: 17, x, f }
+}
+
+#[test]
+fn latent_moe_matches_golden_decode_and_grouped() {
+    let Some(gpu) = support::gpu() else { return };
+    let g = golden_moe();
+    let (t, d, e, k, lm) = (g.t, 256, 16, 4, 128);
+    let w = |n: &str| golden::get(&g.f, &format!("w.{n}")).1.clone();
+    let gate = bf16_tensor(&gpu, "gate", e, d, &w("gate.weight"));
+    let down = bf16_tensor(&gpu, "down", lm, d, &w("routed_expert_down_proj.weight"));
+    let up = bf16_tensor(&gpu, "up", d, lm, &w("routed_expert_up_proj.weight"));
+    let sg = bf16_tensor(&gpu, "sg", 128, d, &w("shared_experts.gate_proj.weight"));
+    let su = bf16_tensor(&gpu, "su", 128, d, &w("shared_experts.up_proj.weight"));
+    let sd = bf16_tensor(&gpu, "sd", d, 128, &w("shared_experts.down_proj.weight"));
+    let norm_w = gpu.storage_from("norm", &bf16_bytes(&w("routed_expert_norm.weight")));
+    let bias = gpu.storage_from("bias", &w("gate.e_score_correction_bias"));
+    let store = golden_store(&gpu, e);
+    let x = gpu.storage_from("x", &g.x);
+    let buf = |n: usize| gpu.storage("buf", (n * 4) as u64);
+    let (logits, z, idx, wts, h, lat) = (buf(t * e), buf(t * lm), buf(t * k), buf(t * k), buf(t * k * 64), buf(t * lm));
+    let (lat2, latn, r, s1, s2, s3, y) = (buf(t * lm), buf(t * lm), buf(t * d), buf(t * 128), buf(t * 128), buf(t * 128), buf(t * d));
+    let cfg = router_cfg(1, 1, 1.0);
+    let call = moe::ExpertCall { layer: 1, tokens: t, top_k: k, act: SITU };
+    let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
+    run(&gpu, |enc| {
+        linear::linear(&gpu, enc, &gate, t, &x, &logits, None).unwrap();
+        router::router_select(&gpu, enc, &cfg, t, e, k, &logits, &bias, &idx, &wts, None).unwrap();
+        linear::linear(&gpu, enc, &down, t, &x, &z, None).unwrap();
+        moe::experts_decode(&gpu, enc, &store, &call, moe::DECODE_DEFAULT, &z, &idx, &wts, &h, &lat, None).unwrap();
+        moe::experts_grouped(&gpu, enc, &store, &call, &z, &idx, &wts, &scratch, &lat2, None).unwrap();
+        norm::rms_norm(&gpu, enc, t, lm, 1e-5, &lat, &norm_w, &latn, None).unwrap();
+        linear::linear(&gpu, enc, &up, t, &latn, &r, None).unwrap();
+        linear::linear(&gpu, enc, &sg, t, &x, &s1, None).unwrap();
+        linear::linear(&gpu, enc, &su, t, &x, &s2, None).unwrap();
+        norm::glu(&gpu, enc, SITU, t * 128, &s1, &s2, &s3, None).unwrap();
+        linear::linear(&gpu, enc, &sd, t, &s3, &y, None).unwrap();
+    });
+    let got_idx: Vec<u32> = gpu.read(&idx, t * k).unwrap();
+    let got_w: Vec<f32> = gpu.read(&wts, t * k).unwrap();
+    let ints = golden::load_int_tensors("ops/moe.safetensors");
+    let gidx = &ints["router.idx"].1;
+    let gw = &golden::get(&g.f, "router.weights").1;
+    for r in 0..t {
+        let mut a: Vec<i64> = got_idx[r * k..(r + 1) * k].iter().map(|&v| v as i64).collect();
+        let mut b = gidx[r * k..(r + 1) * k].to_vec();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "router set of token {r}");
+    }
+    assert!(golden::rel_err(&got_w, gw) < 1e-5, "router weights");
+    let want_lat = &golden::get(&g.f, "latent").1;
+    let l1: Vec<f32> = gpu.read(&lat, t * lm).unwrap();
+    let l2: Vec<f32> = gpu.read(&lat2, t * lm).unwrap();
+    eprintln!("latent rel err: decode {:.2e}, grouped {:.2e}", rel_l2(&l1, want_lat), rel_l2(&l2, want_lat));
+    assert!(rel_l2(&l1, want_lat) < 1e-4, "decode latent {}", rel_l2(&l1, want_lat));
+    assert!(rel_l2(&l2, want_lat) < 1e-4, "grouped latent {}", rel_l2(&l2, want_lat));
+    let rv: Vec<f32> = gpu.read(&r, t * d).unwrap();
+    let yv: Vec<f32> = gpu.read(&y, t * d).unwrap();
+    let out: Vec<f32> = rv.iter().zip(&yv).map(|(a, b)| a + b).collect();
+    let want_y = &golden::get(&g.f, "y").1;
+    eprintln!("moe output rel err {:.2e}", rel_l2(&out, want_y));
+    assert!(rel_l2(&out, want_y) < 1e-4);
+}
+
+/// Random experts (MXFP4 SiTU and bf16 SiLU) at awkward token counts, decode and grouped
+/// paths vs the CPU reference; many tokens on one expert cross the 16-token tiles.
+#[test]
+fn experts_match_reference_at_awkward_shapes() {
+    let Some(gpu) = support::gpu() else { return };
+    for (format, act, n_in, n_mid, e, k, t) in [
+        (ExpertFormat::Mxfp4, SITU, 64, 96, 5, 2, 1),
+        (ExpertFormat::Mxfp4, SITU, 96, 32, 3, 3, 37),
+        (ExpertFormat::Bf16, Activation::Silu, 40, 24, 4, 2, 19),
+    ] {
+        let layout = SlotLayout::new(format, n_in, n_mid).unwrap();
+        let mut store = ExpertStore::new(&gpu, layout, 1, e, e).unwrap();
+        let mut dense = Vec::new();
+        for ex in 0..e {
+            let seed = 100 + ex as u64;
+            match format {
+                ExpertFormat::Mxfp4 => {
+                    let mk = |s: u64, rows: usize, cols: usize| (random_bytes(s, rows * cols / 2, 0, 255), random_bytes(s + 7, rows * cols / 32, 118, 126));
+                    let (w1, w3, w2) = (mk(seed, n_mid, n_in), mk(seed + 20, n_mid, n_in), mk(seed + 40, n_in, n_mid));
+                    store.fill(&gpu, 0, ex, &ExpertWeights::Mxfp4 { w1: (&w1.0, &w1.1), w3: (&w3.0, &w3.1), w2: (&w2.0, &w2.1) }).unwrap();
+                    let dq = |p: &(Vec<u8>, Vec<u8>), r, c| reference::numerics::dequant_mxfp4(&p.0, &p.1, r, c);
+                    dense.push(reference::moe::DenseExpert { w1: dq(&w1, n_mid, n_in), w3: dq(&w3, n_mid, n_in), w2: dq(&w2, n_in, n_mid) });
+                }
+                ExpertFormat::Bf16 => {
+                    let mk = |s: u64, n: usize| bf16_round(&support::random_vec(s, n).iter().map(|v| v * 0.3).collect::<Vec<_>>());
+                    let (w1, w3, w2) = (mk(seed, n_mid * n_in), mk(seed + 20, n_mid * n_in), mk(seed + 40, n_in * n_mid));
+                    store.fill(&gpu, 0, ex, &ExpertWeights::Bf16 { w1: &bf16_bytes(&w1), w3: &bf16_bytes(&w3), w2: &bf16_bytes(&w2) }).unwrap();
+                    dense.push(reference::moe::DenseExpert { w1, w3, w2 });
+                }
+            }
+        }
+        let z = support::random_vec(7, t * n_in);
+        // Token r picks experts (r % 2, then rotating ones): expert 0 gets about half the tokens.
+        let mut idx = Vec::new();
+        for r in 0..t {
+            let mut chosen = vec![(r % 2) as u32];
+            let mut c = (r % e) as u32;
+            while chosen.len() < k {
+                if !chosen.contains(&c) {
+                    chosen.push(c);
+                }
+                c = (c + 1) % e as u32;
+            }
+            idx.extend(chosen);
+        }
+        let wts: Vec<f32> = support::random_vec(8, t * k).iter().map(|v| v.abs() + 0.1).collect();
+        let (zb, ib, wb) = (gpu.storage_from("z", &z), gpu.storage_from("idx", &idx), gpu.storage_from("wts", &wts));
+        let h = gpu.storage("h", (t * k * n_mid * 4) as u64);
+        let (y1, y2) = (gpu.storage("y1", (t * n_in * 4) as u64), gpu.storage("y2", (t * n_in * 4) as u64));
+        let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act };
+        let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
+        run(&gpu, |enc| {
+            moe::experts_decode(&gpu, enc, &store, &call, moe::DECODE_DEFAULT, &zb, &ib, &wb, &h, &y1, None).unwrap();
+            moe::experts_grouped(&gpu, enc, &store, &call, &zb, &ib, &wb, &scratch, &y2, None).unwrap();
+        });
+        let mut want = Vec::new();
+        for r in 0..t {
+            want.extend(reference::moe::experts(act, &dense, n_in, n_mid, &idx[r * k..(r + 1) * k], &wts[r * k..(r + 1) * k], &z[r * n_in..(r + 1) * n_in]));
+        }
+        let (g1, g2): (Vec<f32>, Vec<f32>) = (gpu.read(&y1, t * n_in).unwrap(), gpu.read(&y2, t * n_in).unwrap());
+        let (e1, e2) = (rel_l2(&g1, &want), rel_l2(&g2, &want));
+        eprintln!("{format:?} t={t}: decode {e1:.2e}, grouped {e2:.2e}");
+        assert!(e1 < 1e-5 && e2 < 1e-5, "{format:?} t={t}: decode {e1}, grouped {e2}");
+    }
+}
+
+#[test]
+fn attn_res_matches_golden() {
+    let Some(gpu) = support::gpu() else { return };
+    let f = golden::load_tensors("ops/attn_res.safetensors");
+    let (t, d) = (5, 256);
+    for n in 2..=9 {
+        let src = &golden::get(&f, &format!("n{n}.sources")).1; // [t, n, d]
+        let gamma = &golden::get(&f, &format!("n{n}.norm_weight")).1;
+        let proj = &golden::get(&f, &format!("n{n}.proj_weight")).1;
+        // Bank entries j < n-1 as [n-1, t, d]; the last source is the current partial.
+        let mut bank = vec![0f32; (n - 1) * t * d];
+        let mut cur = vec![0f32; t * d];
+        for tok in 0..t {
+            for j in 0..n {
+                let row = &src[(tok * n + j) * d..(tok * n + j + 1) * d];
+                if j < n - 1 {
+                    bank[(j * t + tok) * d..(j * t + tok + 1) * d].copy_from_slice(row);
+                } else {
+                    cur[tok * d..(tok + 1) * d].copy_from_slice(row);
+                }
+            }
+        }
+        let (bb, cb) = (gpu.storage_from("bank", &bank), gpu.storage_from("cur", &cur));
+        let (gb, pb) = (gpu.storage_from("gamma", &bf16_bytes(gamma)), gpu.storage_from("proj", &bf16_bytes(proj)));
+        let out = gpu.storage("out", (t * d * 4) as u64);
+        let alpha = gpu.storage("alpha", (t * n * 4) as u64);
+        run(&gpu, |enc| attn_res::attn_res(&gpu, enc, t, d, n - 1, t * d, 1e-5, &bb, &cb, &gb, &pb, &out, &alpha, None).unwrap());
+        let (o, a): (Vec<f32>, Vec<f32>) = (gpu.read(&out, t * d).unwrap(), gpu.read(&alpha, t * n).unwrap());
+        let (wo, wa) = (&golden::get(&f, &format!("n{n}.out")).1, &golden::get(&f, &format!("n{n}.alpha")).1);
+        assert!(rel_l2(&o, wo) < 1e-5, "n{n} out {}", rel_l2(&o, wo));
+        assert!(rel_l2(&a, wa) < 1e-5, "n{n} alpha {}", rel_l2(&a, wa));
+        // And the CPU reference agrees with the golden.
+        let srcs: Vec<&[f32]> = (0..n).map(|j| &src[j * d..(j + 1) * d]).collect();
+        let (ro, _) = reference::attn_res::attn_res(&srcs, gamma, proj, 1e-5);
+        assert!(rel_l2(&ro, &wo[..d]) < 1e-6);
+    }
+}
+
+#[test]
+fn gemv_fast_path_and_linear_match_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    for (rows, cols, t) in [(1, 8, 1), (17, 64, 3), (33, 136, 1), (127, 40, 33), (65, 17, 2)] {
+        let w = bf16_round(&support::random_vec(rows as u64, rows * cols));
+        let wt = bf16_tensor(&gpu, "w", rows, cols, &w);
+        let x = support::random_vec(5, t * cols);
+        let xb = gpu.storage_from("x", &x);
+        let y = gpu.storage("y", (t * rows * 4) as u64);
+        let variants: Vec<Option<k31_engine::gpu::Kernel>> = vec![None, Some(gemv::GEMV_BF16_V4_R1), Some(gemv::GEMV_BF16_V4_R8)];
+        for v in variants {
+            if t == 1 {
+                run(&gpu, |enc| gemv::gemv_variant(&gpu, enc, &wt, &xb, &y, v, None).unwrap());
+            } else {
+                run(&gpu, |enc| linear::linear(&gpu, enc, &wt, t, &xb, &y, None).unwrap());
+            }
+            let got: Vec<f32> = gpu.read(&y, t * rows).unwrap();
+            let mut want = Vec::new();
+            for r in 0..t {
+                want.extend(reference::gemv::gemv(&w, rows, cols, &x[r * cols..(r + 1) * cols]));
+            }
+            assert!(support::nmse(&got, &want) < 1e-10, "[{rows}, {cols}] x {t}: nmse {}", support::nmse(&got, &want));
+        }
+    }
+}
+
+#[test]
+fn rms_norm_and_glu_match_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    for (rows, n) in [(1, 7), (3, 128), (17, 300)] {
+        let x = support::random_vec(1, rows * n);
+        let w = bf16_round(&support::random_vec(2, n));
+        let (xb, wb, out) = (gpu.storage_from("x", &x), gpu.storage_from("w", &bf16_bytes(&w)), gpu.storage("o", (rows * n * 4) as u64));
+        run(&gpu, |enc| norm::rms_norm(&gpu, enc, rows, n, 1e-5, &xb, &wb, &out, None).unwrap());
+        let got: Vec<f32> = gpu.read(&out, rows * n).unwrap();
+        assert!(rel_l2(&got, &reference::norm::rms_norm(&x, rows, n, &w, 1e-5)) < 1e-6);
+        let g: Vec<f32> = x.iter().map(|v| v * 30.0).collect();
+        let u: Vec<f32> = support::random_vec(3, rows * n).iter().map(|v| v * 60.0).collect();
+        for act in [SITU, Activation::Situ { beta: 4.0, linear_beta: None }, Activation::Silu] {
+            let (gb, ub) = (gpu.storage_from("g", &g), gpu.storage_from("u", &u));
+            run(&gpu, |enc| norm::glu(&gpu, enc, act, rows * n, &gb, &ub, &out, None).unwrap());
+            let got: Vec<f32> = gpu.read(&out, rows * n).unwrap();
+            let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| reference::moe::glu(act, a as f64, b as f64) as f32).collect();
+            assert!(rel_l2(&got, &want) < 1e-6, "{act:?}");
+        }
+    }
+}
