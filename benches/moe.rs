@@ -1,5 +1,114 @@
-//! Benchmark of the moe kernels on the benchmark GPU (being written: see the open issue).
+//! MoE benchmarks on the benchmark GPU, next to the copy bandwidth measured in the same run:
+//! bf16 GEMV at the K3.1 shapes (every fast-path variant), MXFP4 top-16 expert GEMV of the
+//! real 3584 x 3072 experts (decode: gate/up + down, routing read from GPU memory), and a
+//! 2048-token prefill MoE chunk (grouped by expert on the GPU).
+//! Run: `cargo bench --bench moe [-- --quick] [--json FILE]`.
 
-fn main() {
-    eprintln!("no moe benchmark yet");
+use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
+use k31_engine::config::{Activation, ExpertFormat};
+use k31_engine::experts::{ExpertStore, ExpertWeights, SlotLayout};
+use k31_engine::gpu::{Gpu, GpuTensor};
+use k31_engine::layout::DType;
+use k31_engine::ops::{gemv, moe};
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
+    let quick = args.iter().any(|a| a == "--quick");
+    let gpu = Gpu::open(None)?;
+    println!("GPU: {}", gpu.describe());
+    let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
+    println!("copy bandwidth (read+write): {copy:.1} GB/s");
+    let mut rows = Vec::new();
+
+    // bf16 GEMV at K3.1 shapes, each fast-path variant.
+    let shapes: &[(&str, usize, usize)] = if quick {
+        &[("1024x1024", 1024, 1024)]
+    } else {
+        &[
+            ("q/k/v/g 7168->12288", 12288, 7168),
+            ("o_proj 12288->7168", 7168, 12288),
+            ("shared up 7168->6144", 6144, 7168),
+            ("shared down 6144->7168", 7168, 6144),
+            ("dense up 7168->33792", 33792, 7168),
+            ("lm_head 7168->163840", 163840, 7168),
+        ]
+    };
+    let variants = [gemv::GEMV_BF16_V4_R1, gemv::GEMV_BF16_V4_R2, gemv::GEMV_BF16_V4_R4, gemv::GEMV_BF16_V4_R8];
+    for &(name, n, k) in shapes {
+        let bytes: Vec<u8> = (0..n * k).flat_map(|i| half::bf16::from_f32(((i % 13) as f32 - 6.0) * 0.01).to_le_bytes()).collect();
+        let w = GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)?;
+        let x = gpu.storage_from("x", &vec![0.5f32; k]);
+        let y = gpu.storage("y", (n * 4) as u64);
+        for v in variants {
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_variant(&gpu, enc, &w, &x, &y, Some(v), prof))?;
+            let row = Row { name: format!("{} {name}", v.name), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
+            row.print();
+            rows.push(row);
+        }
+    }
+
+    // MXFP4 experts of the real shape: latent 3584, intermediate 3072.
+    let (n_in, n_mid, top_k) = if quick { (512, 256, 4) } else { (3584, 3072, 16) };
+    let resident = if quick { 8 } else { 64 };
+    let layout = SlotLayout::new(ExpertFormat::Mxfp4, n_in, n_mid)?;
+    let mut store = ExpertStore::new(&gpu, layout, 1, resident, resident)?;
+    let packed: Vec<u8> = (0..n_mid * n_in / 2).map(|i| (i * 37 % 251) as u8).collect();
+    let scales: Vec<u8> = (0..n_mid * n_in / 32).map(|i| 120 + (i % 5) as u8).collect();
+    for e in 0..resident {
+        store.fill(&gpu, 0, e, &ExpertWeights::Mxfp4 { w1: (&packed, &scales), w3: (&packed, &scales), w2: (&packed, &scales) })?;
+    }
+    let act = Activation::Situ { beta: 4.0, linear_beta: Some(25.0) };
+    // Weight bytes one token reads: 3 matrices of packed nibbles + scales per selected expert.
+    let expert_bytes = 3 * (n_mid * n_in / 2 + n_mid * n_in / 32);
+    {
+        let z = gpu.storage_from("z", &vec![0.25f32; n_in]);
+        // Selected experts spread over the pool (every 4th), weights from GPU memory.
+        let idx: Vec<u32> = (0..top_k as u32).map(|j| (j * 4) % resident as u32).collect();
+        let idx = gpu.storage_from("idx", &idx);
+        let wts = gpu.storage_from("wts", &vec![1.0f32 / top_k as f32; top_k]);
+        let h = gpu.storage("h", (top_k * n_mid * 4) as u64);
+        let y = gpu.storage("y", (n_in * 4) as u64);
+        let call = moe::ExpertCall { layer: 0, tokens: 1, top_k, act };
+        for (name, kern) in [("r1", moe::DECODE_R1), ("r2", moe::DECODE_DEFAULT), ("r4", moe::DECODE_R4)] {
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, kern, &z, &idx, &wts, &h, &y, prof))?;
+            let row = Row {
+                name: format!("mxfp4 top-{top_k} experts {n_in}x{n_mid} decode {name}"),
+                time_us: t * 1e6,
+                rate: (top_k * expert_bytes) as f64 / t / 1e9,
+                ceiling: copy,
+                unit: "GB/s",
+            };
+            row.print();
+            rows.push(row);
+        }
+    }
+
+    // Prefill chunk: T tokens, top_k of the resident experts each, grouped on the GPU.
+    {
+        let t = if quick { 64 } else { 2048 };
+        let z = gpu.storage_from("z", &vec![0.25f32; t * n_in]);
+        let idx: Vec<u32> = (0..t).flat_map(|r| (0..top_k).map(move |j| ((r * 7 + j * 3) % resident) as u32)).collect();
+        // Distinct per token: stride 3 over a pool with gcd(3, resident) = 1 stays distinct for top_k <= resident.
+        let idx = gpu.storage_from("idx", &idx);
+        let wts = gpu.storage_from("wts", &vec![1.0f32 / top_k as f32; t * top_k]);
+        let y = gpu.storage("y", (t * n_in * 4) as u64);
+        let scratch = moe::GroupedScratch::new(&gpu, &store, t, top_k);
+        let call = moe::ExpertCall { layer: 0, tokens: t, top_k, act };
+        let secs = time_gpu(&gpu, 2, 5, |enc, prof| moe::experts_grouped(&gpu, enc, &store, &call, &z, &idx, &wts, &scratch, &y, prof))?;
+        let flops = (t * top_k * 3 * n_in * n_mid * 2) as f64;
+        let row = Row {
+            name: format!("mxfp4 prefill {t} tokens top-{top_k} of {resident} experts"),
+            time_us: secs * 1e6,
+            rate: flops / secs / 1e12,
+            ceiling: 150.0,
+            unit: "TFLOP/s",
+        };
+        row.print();
+        rows.push(row);
+    }
+    if let Some(path) = json_out {
+        std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows}))?)?;
+    }
+    Ok(())
 }
