@@ -58,7 +58,7 @@ fn main() -> anyhow::Result<()> {
 
     // Chunked prefill.
     let pre = Prepped::new(&gpu, &geom, t_len);
-    let scratch = ChunkScratch::new(&gpu, &geom, t_len);
+    let scratch = ChunkScratch::new(&gpu, &geom, t_len)?;
     let state = gpu.storage("state", state_bytes as u64);
     let ot = gpu.storage("o", (t_len * p * 4) as u64);
     let mut record = |enc: &mut _, mut prof: Option<&mut Profiler>| -> Result<(), k31_engine::gpu::GpuError> {

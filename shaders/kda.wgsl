@@ -39,9 +39,11 @@ struct KdaParams {
 @group(0) @binding(14) var<storage, read_write> beta_out: array<f32>; // [T, H]
 
 const WG: u32 = 256u;
-const LANES: u32 = 32u;   // value columns per decode workgroup
-const GROUPS: u32 = 8u;   // key-row groups per decode workgroup (LANES * GROUPS = WG)
-const RPT: u32 = 32u;     // max key rows per thread: 256 / GROUPS
+// 16 columns x 16 row groups: more, shorter threads (at most 16 rows each), so the state
+// loads of one thread are few and independent (the kernel is latency-bound otherwise).
+const LANES: u32 = 16u;   // value columns per decode workgroup (64-byte row segments)
+const GROUPS: u32 = 16u;  // key-row groups per decode workgroup (LANES * GROUPS = WG)
+const RPT: u32 = 16u;     // max key rows per thread: 256 / GROUPS
 
 var<workgroup> sh_q: array<f32, WG>;
 var<workgroup> sh_k: array<f32, WG>;
@@ -210,12 +212,19 @@ fn kda_decode(
     let beta = sigmoid(blog[h]);
     // Thread (grp, lane) keeps key rows grp, grp + GROUPS, ... of column col.
     var s: array<f32, RPT>;
-    var sk = 0.0;
     let base = h * p.dk * p.dk + col;
+    // All loads first (independent), then the arithmetic.
     for (var i = 0u; i < RPT; i++) {
         let r = grp + i * GROUPS;
         if (r < p.dk && live) {
-            s[i] = state[base + r * p.dk] * sh_d[r];
+            s[i] = state[base + r * p.dk];
+        }
+    }
+    var sk = 0.0;
+    for (var i = 0u; i < RPT; i++) {
+        let r = grp + i * GROUPS;
+        if (r < p.dk) {
+            s[i] *= sh_d[r];
             sk += s[i] * sh_k[r];
         }
     }

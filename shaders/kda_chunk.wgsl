@@ -4,8 +4,9 @@
 //                     alone), the unit lower-triangular solve (I + A_kk) X = diag(beta) [K e^Gamma | V]
 //                     by forward substitution, giving w and u; also qg = q e^Gamma and
 //                     kg = k e^(Gamma_last - Gamma).
-//   kda_chunk_scan:   per (head, tile of value columns), sequential over chunks:
-//                     U = u - w S;  O = qg S + A_qk U;  S = diag(e^Gamma_last) S + kg^T U.
+//   kda_chunk_state:  per (head, tile of value columns), sequential over chunks:
+//                     keep S_n; U = u - w S_n;  S = diag(e^Gamma_last) S_n + kg^T U.
+//   kda_chunk_out:    per (chunk, head, tile), in parallel: O = qg S_n + A_qk U.
 // The ragged last chunk uses only its valid rows (Gamma_last from the last valid row).
 //
 // Preconditions (checked on the host): K = V, a multiple of 16, <= 256; inputs come from
@@ -163,8 +164,13 @@ fn kda_chunk_intra(
 var<workgroup> sh_s: array<f32, 8192>;   // [K, LANES] state tile, K <= 256
 var<workgroup> sh_u: array<f32, 2048>;   // [C, LANES] U of the current chunk
 
+@group(0) @binding(13) var<storage, read_write> hs: array<f32>;  // [N, H, K, V] state before each chunk
+
+// Sequential over chunks, one workgroup per (head, tile of LANES value columns); only the
+// state recurrence lives here: S_n is stored for kda_chunk_out, and u is replaced in place
+// by U = u - w S_n (each element is read and written by the same thread).
 @compute @workgroup_size(256)
-fn kda_chunk_scan(
+fn kda_chunk_state(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
@@ -181,7 +187,8 @@ fn kda_chunk_scan(
     let col = tile * LANES + lane;
     let live = col < p.dk;
     let hk = p.heads * p.dk;
-    let sbase = h * p.dk * p.dk + col;
+    let kv = p.dk * p.dk;
+    let sbase = h * kv + col;
     for (var c = grp; c < p.dk; c += GROUPS) {
         sh_s[c * LANES + lane] = select(0.0, state[sbase + c * p.dk], live);
     }
@@ -189,37 +196,31 @@ fn kda_chunk_scan(
     for (var n = 0u; n < p.nchunks; n++) {
         let t0 = n * C;
         let nv = rows_in(n);
-        // Rows grp, grp + 8, ...: U = u - w S and the inter-chunk part of O = qg S.
-        var ao: array<f32, 8>;
-        for (var i = 0u; i < 8u; i++) {
+        if (live) {
+            let hb = (n * p.heads + h) * kv + col;
+            for (var c = grp; c < p.dk; c += GROUPS) {
+                hs[hb + c * p.dk] = sh_s[c * LANES + lane];
+            }
+        }
+        // U = u - w S for rows grp, grp + 8, ...
+        for (var i = 0u; i < C / GROUPS; i++) {
             let r = grp + i * GROUPS;
             var au = 0.0;
-            var oo = 0.0;
             if (r < nv) {
                 let row = (t0 + r) * hk + h * p.dk;
                 for (var c = 0u; c < p.dk; c++) {
-                    let s = sh_s[c * LANES + lane];
-                    au += w[row + c] * s;
-                    oo += qg[row + c] * s;
+                    au += w[row + c] * sh_s[c * LANES + lane];
                 }
-                au = select(0.0, u[row + col] - au, live);
+                if (live) {
+                    au = u[row + col] - au;
+                    u[row + col] = au;
+                } else {
+                    au = 0.0;
+                }
             }
             sh_u[r * LANES + lane] = au;
-            ao[i] = oo;
         }
         workgroupBarrier();
-        // Intra-chunk part: O_r += sum_{j <= r} A_qk[r, j] U_j.
-        let abase = (n * p.heads + h) * C * C;
-        for (var i = 0u; i < 8u; i++) {
-            let r = grp + i * GROUPS;
-            if (r < nv && live) {
-                var oo = ao[i];
-                for (var j = 0u; j <= r; j++) {
-                    oo += aqk[abase + r * C + j] * sh_u[j * LANES + lane];
-                }
-                o[(t0 + r) * hk + h * p.dk + col] = oo;
-            }
-        }
         // S = diag(e^Gamma_last) S + kg^T U (each thread owns its own rows of S).
         let glast = (t0 + nv - 1u) * hk + h * p.dk;
         for (var c = grp; c < p.dk; c += GROUPS) {
@@ -234,6 +235,55 @@ fn kda_chunk_scan(
     if (live) {
         for (var c = grp; c < p.dk; c += GROUPS) {
             state[sbase + c * p.dk] = sh_s[c * LANES + lane];
+        }
+    }
+}
+
+// Output, parallel over (chunk, head, tile of LANES value columns):
+// O = qg S_n + A_qk U with S_n and U staged in shared memory.
+@compute @workgroup_size(256)
+fn kda_chunk_out(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let tiles = (p.dk + LANES - 1u) / LANES;
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.nchunks * p.heads * tiles) {
+        return;
+    }
+    let tile = id % tiles;
+    let nh = id / tiles;
+    let n = nh / p.heads;
+    let h = nh % p.heads;
+    let lane = lid % LANES;
+    let grp = lid / LANES;
+    let col = tile * LANES + lane;
+    let live = col < p.dk;
+    let hk = p.heads * p.dk;
+    let t0 = n * C;
+    let nv = rows_in(n);
+    let hb = nh * p.dk * p.dk + col;
+    for (var c = grp; c < p.dk; c += GROUPS) {
+        sh_s[c * LANES + lane] = select(0.0, hs[hb + c * p.dk], live);
+    }
+    for (var r = grp; r < C; r += GROUPS) {
+        sh_u[r * LANES + lane] = select(0.0, u[(t0 + r) * hk + h * p.dk + col], live && r < nv);
+    }
+    workgroupBarrier();
+    let abase = nh * C * C;
+    for (var i = 0u; i < C / GROUPS; i++) {
+        let r = grp + i * GROUPS;
+        if (r < nv && live) {
+            let row = (t0 + r) * hk + h * p.dk;
+            var oo = 0.0;
+            for (var c = 0u; c < p.dk; c++) {
+                oo += qg[row + c] * sh_s[c * LANES + lane];
+            }
+            for (var j = 0u; j <= r; j++) {
+                oo += aqk[abase + r * C + j] * sh_u[j * LANES + lane];
+            }
+            o[row + col] = oo;
         }
     }
 }

@@ -81,7 +81,7 @@ impl Core {
         let mut out = Vec::new();
         if t > 0 {
             let pre = Prepped::new(gpu, g, t);
-            let scratch = ChunkScratch::new(gpu, g, t);
+            let scratch = ChunkScratch::new(gpu, g, t).expect("scratch");
             let o = gpu.storage("o", (t * p * 4) as u64);
             self.with_rows(gpu, 0, t, |inp| {
                 let mut enc = gpu.device.create_command_encoder(&Default::default());

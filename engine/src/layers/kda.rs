@@ -218,7 +218,7 @@ impl KdaLayer {
             kda::decode(gpu, enc, g, st.pos, &inp, &st.ring, &st.state, &o, prof.as_deref_mut())?;
         } else {
             let pre = Prepped::new(gpu, g, t_len);
-            let scratch = ChunkScratch::new(gpu, g, t_len);
+            let scratch = ChunkScratch::new(gpu, g, t_len)?;
             kda::prep(gpu, enc, g, t_len, st.pos, &inp, &st.ring, &pre, prof.as_deref_mut())?;
             kda::chunk_prefill(gpu, enc, g, &pre, &scratch, &st.state, &o, prof.as_deref_mut())?;
         }
@@ -229,9 +229,8 @@ impl KdaLayer {
     }
 }
 
-/// y [T, rows] = x [T, cols] W^T.
-/// TEMPORARY for T > 1: one GEMV per token through staging rows, correct but slow; replace
-/// with the batched GEMM (ops::linear) once it lands. The chunked recurrence is unaffected.
+/// y [T, rows] = x [T, cols] W^T: the GEMV for one token, the batched bf16 linear for more.
+/// Non-bf16 weights with T > 1 (f32 test checkpoints) take a slow per-token GEMV path.
 fn project(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -243,6 +242,9 @@ fn project(
 ) -> Result<(), GpuError> {
     if t_len == 1 {
         return gemv(gpu, enc, w, x, y, prof);
+    }
+    if w.dtype == DType::BF16 {
+        return crate::ops::linear::linear(gpu, enc, w, t_len, x, y, prof);
     }
     let (rows, cols) = (w.rows(), w.row_len());
     let xs = gpu.storage("project x row", (cols * 4) as u64);

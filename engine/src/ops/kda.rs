@@ -24,9 +24,10 @@ pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode");
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
 pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
-pub const KDA_CHUNK_SCAN: Kernel = Kernel::new("kda_chunk_scan", "kda_chunk", "kda_chunk_scan");
+pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", "kda_chunk_state");
+pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out");
 pub const KERNELS: &[Kernel] =
-    &[KDA_PREP, KDA_CONV_SAVE, KDA_DECODE, KDA_GATED_NORM, KDA_CHUNK_CUMSUM, KDA_CHUNK_INTRA, KDA_CHUNK_SCAN];
+    &[KDA_PREP, KDA_CONV_SAVE, KDA_DECODE, KDA_GATED_NORM, KDA_CHUNK_CUMSUM, KDA_CHUNK_INTRA, KDA_CHUNK_STATE, KDA_CHUNK_OUT];
 
 pub fn params() -> Vec<super::ParamsLayout> {
     vec![super::layout_of::<KdaParams>(), super::layout_of::<KdaChunkParams>()]
@@ -34,7 +35,9 @@ pub fn params() -> Vec<super::ParamsLayout> {
 
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
-/// Value columns per decode / scan workgroup.
+/// Value columns per decode workgroup (LANES in kda.wgsl).
+const DECODE_LANES: usize = 16;
+/// Value columns per scan workgroup (LANES in kda_chunk.wgsl).
 const LANES: usize = 32;
 
 /// Shape of one KDA layer as the kernels see it (K = V = head_dim).
@@ -138,21 +141,29 @@ pub struct ChunkScratch {
     qg: wgpu::Buffer,
     kg: wgpu::Buffer,
     aqk: wgpu::Buffer,
+    /// [N, H, K, V] state before each chunk.
+    hs: wgpu::Buffer,
     t_len: usize,
 }
 
 impl ChunkScratch {
-    pub fn new(gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> ChunkScratch {
+    /// Fails when one scratch buffer would exceed a storage binding (split the prefill).
+    pub fn new(gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<ChunkScratch, GpuError> {
+        let hs = (t_len.div_ceil(CHUNK) * geom.heads * geom.head_dim * geom.head_dim * 4) as u64;
+        if hs > gpu.caps.max_binding {
+            return Err(GpuError::TooLarge { what: format!("kda prefill of {t_len} tokens (chunk states)"), needed: hs, limit: gpu.caps.max_binding });
+        }
         let n = (t_len * geom.proj() * 4) as u64;
         let chunks = t_len.div_ceil(CHUNK);
-        ChunkScratch {
+        Ok(ChunkScratch {
             w: gpu.storage("kda w", n),
             u: gpu.storage("kda u", n),
             qg: gpu.storage("kda qg", n),
             kg: gpu.storage("kda kg", n),
             aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * 4) as u64),
+            hs: gpu.storage("kda chunk states", (chunks * geom.heads * geom.head_dim * geom.head_dim * 4) as u64),
             t_len,
-        }
+        })
     }
 }
 
@@ -274,7 +285,7 @@ pub fn decode(
         (8, state),
         (9, o),
     ];
-    dispatch(gpu, enc, &KDA_DECODE, &uniform, &bufs, geom.heads * k.div_ceil(LANES), profiler)
+    dispatch(gpu, enc, &KDA_DECODE, &uniform, &bufs, geom.heads * k.div_ceil(DECODE_LANES), profiler)
 }
 
 /// Chunked WY/UT prefill over the prepared inputs: o [T, H, V], `state` advanced in place.
@@ -315,8 +326,10 @@ pub fn chunk_prefill(
         (10, &s.aqk),
     ];
     dispatch(gpu, enc, &KDA_CHUNK_INTRA, &uniform, &intra, nchunks * geom.heads, profiler.as_deref_mut())?;
-    let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (8, &s.qg), (9, &s.kg), (10, &s.aqk), (11, state), (12, o)];
-    dispatch(gpu, enc, &KDA_CHUNK_SCAN, &uniform, &scan, geom.heads * k.div_ceil(LANES), profiler)
+    let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, &s.hs)];
+    dispatch(gpu, enc, &KDA_CHUNK_STATE, &uniform, &scan, geom.heads * k.div_ceil(LANES), profiler.as_deref_mut())?;
+    let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, &s.hs)];
+    dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(LANES), profiler)
 }
 
 /// y [rows, V] = RMSNorm(o; norm_w, 1e-5) * sigmoid(gate), rows = T * H.
