@@ -36,8 +36,10 @@ struct KdaChunkParams {
 const WG: u32 = 256u;
 const C: u32 = 64u;       // chunk rows
 const KT: u32 = 16u;      // channels per staged tile in kda_chunk_intra
-const LANES: u32 = 32u;   // value columns per scan workgroup
-const GROUPS: u32 = 8u;   // row groups per scan workgroup
+// 16 columns x 16 row groups: 768 state-pass workgroups at 96 heads x 128 (one wave on a
+// 132-SM GPU), each thread with a short serial chain (4 rows of U, K/16 rows of S).
+const LANES: u32 = 16u;   // value columns per state / output workgroup
+const GROUPS: u32 = 16u;  // row groups per state / output workgroup
 const KMAX: u32 = 256u;
 
 fn rows_in(n: u32) -> u32 {
@@ -161,8 +163,8 @@ fn kda_chunk_intra(
     }
 }
 
-var<workgroup> sh_s: array<f32, 8192>;   // [K, LANES] state tile, K <= 256
-var<workgroup> sh_u: array<f32, 2048>;   // [C, LANES] U of the current chunk
+var<workgroup> sh_s: array<f32, 4096>;   // [K, LANES] state tile, K <= 256
+var<workgroup> sh_u: array<f32, 1024>;   // [C, LANES] U of the current chunk
 
 @group(0) @binding(13) var<storage, read_write> hs: array<f32>;  // [N, H, K, V] state before each chunk
 
@@ -202,7 +204,7 @@ fn kda_chunk_state(
                 hs[hb + c * p.dk] = sh_s[c * LANES + lane];
             }
         }
-        // U = u - w S for rows grp, grp + 8, ...
+        // U = u - w S for rows grp, grp + GROUPS, ...
         for (var i = 0u; i < C / GROUPS; i++) {
             let r = grp + i * GROUPS;
             var au = 0.0;

@@ -37,8 +37,8 @@ pub fn params() -> Vec<super::ParamsLayout> {
 pub const CHUNK: usize = 64;
 /// Value columns per decode workgroup (LANES in kda.wgsl).
 const DECODE_LANES: usize = 16;
-/// Value columns per scan workgroup (LANES in kda_chunk.wgsl).
-const LANES: usize = 32;
+/// Value columns per state / output workgroup (LANES in kda_chunk.wgsl).
+const LANES: usize = 16;
 
 /// Shape of one KDA layer as the kernels see it (K = V = head_dim).
 #[derive(Clone, Copy, Debug)]
