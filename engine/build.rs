@@ -4,7 +4,9 @@
 use std::fmt::Write as _;
 
 fn main() {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shaders");
+    // Read at run time: a build-script binary can be shared by checkouts at other paths.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let dir = std::path::Path::new(&manifest).join("../shaders");
     println!("cargo:rerun-if-changed={}", dir.display());
     let mut names: Vec<String> = std::fs::read_dir(&dir)
         .expect("reading shaders/")

@@ -26,7 +26,13 @@ const BK: u32 = 32u;
 var<workgroup> wt: array<f32, 2080>; // [BK, BR + 1]
 var<workgroup> xt: array<f32, 1056>; // [BK, BT + 1]
 
-fn bf16_at(i: u32) -> f32 {
+// f32 weights (small f32 tensors such as a router gate saved in f32) share the u32 binding.
+override W_F32: bool = false;
+
+fn w_at(i: u32) -> f32 {
+    if (W_F32) {
+        return bitcast<f32>(w[i]);
+    }
     let word = w[i >> 1u];
     return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
 }
@@ -46,7 +52,7 @@ fn linear_bf16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
             let k = e % BK;
             var v = 0.0;
             if (r0 + r < p.rows && k0 + k < p.cols) {
-                v = bf16_at((r0 + r) * p.cols + k0 + k);
+                v = w_at((r0 + r) * p.cols + k0 + k);
             }
             wt[k * (BR + 1u) + r] = v;
         }

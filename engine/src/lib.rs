@@ -10,14 +10,17 @@ pub mod bench;
 pub mod checkpoint;
 pub mod config;
 pub mod experts;
+pub mod generate;
 pub mod gpu;
 pub mod init;
 pub mod layers;
 pub mod layout;
+pub mod model;
 pub mod ops;
 pub mod plan;
 pub mod reference;
 pub mod sample;
+pub mod session;
 pub mod shaders;
 
 /// Re-exported so tests and benches can name encoder and buffer types.

@@ -24,8 +24,10 @@ pub struct Profiler {
 }
 
 impl Profiler {
-    /// A profiler that can time up to `capacity` passes between two `collect` calls.
+    /// A profiler that can time up to `capacity` passes between two `collect` calls
+    /// (at most 2048: a query set holds 4096 timestamps).
     pub fn new(gpu: &Gpu, capacity: u32) -> Profiler {
+        let capacity = capacity.clamp(1, 2048);
         let queries = gpu.caps.timestamps.then(|| {
             let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
                 label: Some("k31 profiler"),

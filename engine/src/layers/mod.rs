@@ -2,4 +2,37 @@
 
 pub mod global_attn;
 pub mod kda;
+pub mod mlp;
 pub mod moe;
+
+use crate::checkpoint::TensorView;
+use crate::config::{Ffn, ModelConfig};
+use crate::gpu::{Gpu, GpuError, Profiler};
+use crate::model::FeedForward;
+
+impl FeedForward for mlp::GluMlp {
+    fn forward(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, t: usize, out: &wgpu::Buffer, p: Option<&mut Profiler>) -> Result<(), GpuError> {
+        mlp::GluMlp::forward(self, gpu, enc, x, t, out, p)
+    }
+}
+
+impl FeedForward for moe::MoeBlock {
+    fn forward(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, t: usize, out: &wgpu::Buffer, p: Option<&mut Profiler>) -> Result<(), GpuError> {
+        moe::MoeBlock::forward(self, gpu, enc, x, t, out, p)
+    }
+}
+
+/// The FFN of `layer`: the dense SiTU/SiLU MLP or the MoE block, per the config.
+pub fn load_ffn<'a>(
+    gpu: &Gpu,
+    cfg: &ModelConfig,
+    layer: usize,
+    lookup: &dyn Fn(&str) -> Option<TensorView<'a>>,
+) -> Result<Box<dyn FeedForward>, GpuError> {
+    match cfg.layers[layer].ffn {
+        Ffn::Dense => {
+            Ok(Box::new(mlp::GluMlp::load(gpu, lookup, layer, "mlp.", cfg.hidden_size, cfg.intermediate_size, cfg.activation)?))
+        }
+        Ffn::Moe => Ok(Box::new(moe::MoeBlock::load(gpu, cfg, layer, lookup)?)),
+    }
+}

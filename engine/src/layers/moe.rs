@@ -1,1 +1,180 @@
-//! The moe layer (being written: see the open issue).
+//! The MoE block (spec 6.2-6.4): sigmoid router on the full-width token, routed experts from
+//! the expert store (in the latent width with LatentMoE, bf16 full width for Kimi Linear),
+//! the latent norm and up-projection, plus the shared experts.
+
+use super::mlp::{matrix, GluMlp};
+use crate::checkpoint::TensorView;
+use crate::config::{Activation, ExpertFormat, ModelConfig};
+use crate::experts::{ExpertStore, ExpertWeights, SlotLayout};
+use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
+use crate::layout::DType;
+use crate::ops::{elementwise::add, linear::linear, moe, norm::rms_norm, router::router_select};
+
+struct Latent {
+    down: GpuTensor,
+    /// RMSNorm weight [latent] bf16, when `latent_moe_use_norm`.
+    norm: Option<wgpu::Buffer>,
+    up: GpuTensor,
+}
+
+pub struct MoeBlock {
+    layer: usize,
+    gate: GpuTensor,
+    /// Selection bias [E] f32.
+    bias: wgpu::Buffer,
+    latent: Option<Latent>,
+    /// This layer's routed experts (the store's layer 0).
+    store: ExpertStore,
+    shared: Option<GluMlp>,
+    cfg: crate::config::MoeConfig,
+    act: Activation,
+    hidden: usize,
+    eps: f32,
+}
+
+fn floats(v: &TensorView<'_>, name: &str) -> Result<Vec<f32>, GpuError> {
+    match v.dtype {
+        DType::F32 => Ok(bytemuck::pod_collect_to_vec(v.data)),
+        DType::BF16 => Ok(v.data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        DType::F16 => Ok(v.data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+        d => Err(GpuError::Shape(format!("{name}: dtype {} is not a float", d.name()))),
+    }
+}
+
+/// bf16 bytes of a float tensor (the norm kernels read bf16 weights).
+pub(crate) fn bf16_bytes(v: &TensorView<'_>, name: &str) -> Result<Vec<u8>, GpuError> {
+    if v.dtype == DType::BF16 {
+        return Ok(v.data.to_vec());
+    }
+    Ok(floats(v, name)?.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect())
+}
+
+impl MoeBlock {
+    pub fn load<'a>(
+        gpu: &Gpu,
+        cfg: &ModelConfig,
+        layer: usize,
+        lookup: &dyn Fn(&str) -> Option<TensorView<'a>>,
+    ) -> Result<MoeBlock, GpuError> {
+        let m = cfg.moe.clone().ok_or_else(|| GpuError::Shape(format!("layer {layer}: MoE layer without an MoE config")))?;
+        let d = cfg.hidden_size;
+        let get = |n: &str| lookup(n).ok_or_else(|| GpuError::Shape(format!("layer {layer}: missing tensor {n}")));
+        let p = "block_sparse_moe.";
+        let gate = matrix(gpu, lookup, layer, &format!("{p}gate.weight"), m.num_experts, d)?;
+        let bias_name = format!("{p}gate.e_score_correction_bias");
+        let bias = gpu.storage_from("router bias", &floats(&get(&bias_name)?, &bias_name)?);
+        let latent = match m.latent_size {
+            Some(lat) => Some(Latent {
+                down: matrix(gpu, lookup, layer, &format!("{p}routed_expert_down_proj.weight"), lat, d)?,
+                norm: if m.latent_norm {
+                    let n = format!("{p}routed_expert_norm.weight");
+                    Some(gpu.storage_from("latent norm", &bf16_bytes(&get(&n)?, &n)?))
+                } else {
+                    None
+                },
+                up: matrix(gpu, lookup, layer, &format!("{p}routed_expert_up_proj.weight"), d, lat)?,
+            }),
+            None => None,
+        };
+        let n_in = m.expert_io(d);
+        let layout = SlotLayout::new(m.expert_format, n_in, m.moe_intermediate_size)?;
+        let mut store = ExpertStore::new(gpu, layout, 1, m.num_experts, m.num_experts)?;
+        for e in 0..m.num_experts {
+            let x = |w: &str, part: &str| -> Result<&'a [u8], GpuError> {
+                Ok(get(&format!("{p}experts.{e}.{w}.{part}"))?.data)
+            };
+            let weights = match m.expert_format {
+                ExpertFormat::Mxfp4 => ExpertWeights::Mxfp4 {
+                    w1: (x("w1", "weight_packed")?, x("w1", "weight_scale")?),
+                    w3: (x("w3", "weight_packed")?, x("w3", "weight_scale")?),
+                    w2: (x("w2", "weight_packed")?, x("w2", "weight_scale")?),
+                },
+                ExpertFormat::Bf16 => {
+                    let t = get(&format!("{p}experts.{e}.w1.weight"))?;
+                    if t.dtype != DType::BF16 {
+                        return Err(GpuError::Shape(format!(
+                            "layer {layer}: expert weights in {} are not supported yet (bf16 or MXFP4)",
+                            t.dtype.name()
+                        )));
+                    }
+                    ExpertWeights::Bf16 { w1: x("w1", "weight")?, w3: x("w3", "weight")?, w2: x("w2", "weight")? }
+                }
+            };
+            store.fill(gpu, 0, e, &weights)?;
+        }
+        let shared = if m.num_shared_experts > 0 {
+            let inner = m.num_shared_experts * m.moe_intermediate_size;
+            Some(GluMlp::load(gpu, lookup, layer, &format!("{p}shared_experts."), d, inner, cfg.activation)?)
+        } else {
+            None
+        };
+        Ok(MoeBlock { layer, gate, bias, latent, store, shared, cfg: m, act: cfg.activation, hidden: d, eps: cfg.rms_norm_eps })
+    }
+
+    pub fn forward(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        t: usize,
+        out: &wgpu::Buffer,
+        mut prof: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        let (d, e, k) = (self.hidden, self.cfg.num_experts, self.cfg.experts_per_token);
+        let n_in = self.cfg.expert_io(d);
+        let buf = |label: &str, n: usize| gpu.storage(label, (n * 4) as u64);
+        let (logits, idx, wts) = (buf("router logits", t * e), buf("router idx", t * k), buf("router weights", t * k));
+        linear(gpu, enc, &self.gate, t, x, &logits, prof.as_deref_mut())?;
+        router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, prof.as_deref_mut())?;
+        let z_owned;
+        let z = match &self.latent {
+            Some(l) => {
+                z_owned = buf("latent z", t * n_in);
+                linear(gpu, enc, &l.down, t, x, &z_owned, prof.as_deref_mut())?;
+                &z_owned
+            }
+            None => x,
+        };
+        let y = buf("experts out", t * n_in);
+        let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act: self.act };
+        if t == 1 {
+            let h = buf("experts h", t * k * self.cfg.moe_intermediate_size);
+            moe::experts_decode(gpu, enc, &self.store, &call, moe::DECODE_DEFAULT, z, &idx, &wts, &h, &y, prof.as_deref_mut())?;
+        } else {
+            let scratch = moe::GroupedScratch::new(gpu, &self.store, t, k);
+            moe::experts_grouped(gpu, enc, &self.store, &call, z, &idx, &wts, &scratch, &y, prof.as_deref_mut())?;
+        }
+        let routed = match &self.latent {
+            Some(l) => {
+                let normed_owned;
+                let normed = match &l.norm {
+                    Some(w) => {
+                        normed_owned = buf("latent normed", t * n_in);
+                        rms_norm(gpu, enc, t, n_in, self.eps, &y, w, &normed_owned, prof.as_deref_mut())?;
+                        &normed_owned
+                    }
+                    None => &y,
+                };
+                let r = buf("latent up", t * d);
+                linear(gpu, enc, &l.up, t, normed, &r, prof.as_deref_mut())?;
+                r
+            }
+            None => y,
+        };
+        match &self.shared {
+            Some(s) => {
+                let sh = buf("shared experts", t * d);
+                s.forward(gpu, enc, x, t, &sh, prof.as_deref_mut())?;
+                add(gpu, enc, t * d, &routed, &sh, out, prof)
+            }
+            None => {
+                enc.copy_buffer_to_buffer(&routed, 0, out, 0, (t * d * 4) as u64);
+                Ok(())
+            }
+        }
+    }
+
+    pub fn layer(&self) -> usize {
+        self.layer
+    }
+}

@@ -14,7 +14,8 @@ shader_params!(
 );
 
 pub const LINEAR_BF16: Kernel = Kernel::new("linear_bf16", "linear", "linear_bf16");
-pub const KERNELS: &[Kernel] = &[LINEAR_BF16];
+pub const LINEAR_F32: Kernel = Kernel::new("linear_f32", "linear", "linear_bf16").with_constants(&[("W_F32", 1.0)]);
+pub const KERNELS: &[Kernel] = &[LINEAR_BF16, LINEAR_F32];
 
 /// y [T, rows] = x [T, cols] W^T with W [rows, cols] bf16; T = 1 runs the GEMV.
 pub fn linear(
@@ -29,8 +30,13 @@ pub fn linear(
     if tokens == 1 {
         return super::gemv::gemv(gpu, enc, w, x, y, profiler);
     }
-    if w.dtype != DType::BF16 || w.shape.len() != 2 {
-        return Err(GpuError::Shape(format!("linear: {} must be a bf16 matrix, is {} {:?}", w.label, w.dtype.name(), w.shape)));
+    let kernel = match w.dtype {
+        DType::BF16 => LINEAR_BF16,
+        DType::F32 => LINEAR_F32,
+        _ => LINEAR_BF16,
+    };
+    if !matches!(w.dtype, DType::BF16 | DType::F32) || w.shape.len() != 2 {
+        return Err(GpuError::Shape(format!("linear: {} must be a bf16 or f32 matrix, is {} {:?}", w.label, w.dtype.name(), w.shape)));
     }
     let (rows, cols) = (w.shape[0], w.shape[1]);
     if x.size() < (tokens * cols * 4) as u64 || y.size() < (tokens * rows * 4) as u64 {
@@ -46,7 +52,7 @@ pub fn linear(
             ..Default::default()
         };
         let groups = ((chunk.rows as u32).div_ceil(64), (tokens as u32).div_ceil(32));
-        dispatch(gpu, enc, &LINEAR_BF16, &p, &[(1, &chunk.buffer), (2, x), (3, y)], groups, profiler.as_deref_mut())?;
+        dispatch(gpu, enc, &kernel, &p, &[(1, &chunk.buffer), (2, x), (3, y)], groups, profiler.as_deref_mut())?;
     }
     Ok(())
 }

@@ -1,0 +1,71 @@
+//! A gated MLP `down(act(gate x, up x))`: the dense FFN of the first layer(s) and the merged
+//! shared experts of an MoE layer (spec 6.1, 6.4).
+
+use crate::checkpoint::TensorView;
+use crate::config::Activation;
+use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
+use crate::ops::{linear::linear, norm::glu};
+
+pub struct GluMlp {
+    gate: GpuTensor,
+    up: GpuTensor,
+    down: GpuTensor,
+    act: Activation,
+}
+
+/// Uploads a float matrix of the expected shape.
+pub(crate) fn matrix<'a>(
+    gpu: &Gpu,
+    lookup: &dyn Fn(&str) -> Option<TensorView<'a>>,
+    layer: usize,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<GpuTensor, GpuError> {
+    let v = lookup(name).ok_or_else(|| GpuError::Shape(format!("layer {layer}: missing tensor {name}")))?;
+    if v.shape != [rows, cols] {
+        return Err(GpuError::Shape(format!("layer {layer}: {name} has shape {:?}, expected [{rows}, {cols}]", v.shape)));
+    }
+    GpuTensor::upload(gpu, &format!("layers.{layer}.{name}"), v.dtype, v.shape, v.data, None)
+}
+
+impl GluMlp {
+    /// `prefix` is `mlp.` or `block_sparse_moe.shared_experts.`; widths d -> inner -> d.
+    pub fn load<'a>(
+        gpu: &Gpu,
+        lookup: &dyn Fn(&str) -> Option<TensorView<'a>>,
+        layer: usize,
+        prefix: &str,
+        d: usize,
+        inner: usize,
+        act: Activation,
+    ) -> Result<GluMlp, GpuError> {
+        // transformers writes Kimi Linear's dense MLP under block_sparse_moe.
+        let alias = |n: &str| lookup(n).or_else(|| lookup(&n.replacen("mlp.", "block_sparse_moe.", 1)));
+        Ok(GluMlp {
+            gate: matrix(gpu, &alias, layer, &format!("{prefix}gate_proj.weight"), inner, d)?,
+            up: matrix(gpu, &alias, layer, &format!("{prefix}up_proj.weight"), inner, d)?,
+            down: matrix(gpu, &alias, layer, &format!("{prefix}down_proj.weight"), d, inner)?,
+            act,
+        })
+    }
+
+    /// out [T, d] = down(act(gate x, up x)), x [T, d].
+    pub fn forward(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        tokens: usize,
+        out: &wgpu::Buffer,
+        mut prof: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        let inner = self.gate.rows();
+        let buf = |label: &str| gpu.storage(label, (tokens * inner * 4) as u64);
+        let (g, u, a) = (buf("mlp gate"), buf("mlp up"), buf("mlp act"));
+        linear(gpu, enc, &self.gate, tokens, x, &g, prof.as_deref_mut())?;
+        linear(gpu, enc, &self.up, tokens, x, &u, prof.as_deref_mut())?;
+        glu(gpu, enc, self.act, tokens * inner, &g, &u, &a, prof.as_deref_mut())?;
+        linear(gpu, enc, &self.down, tokens, &a, out, prof)
+    }
+}

@@ -1,0 +1,318 @@
+//! The model graph: embeddings, the layer schedule with Block AttnRes bookkeeping (spec 3.2)
+//! or plain residuals (Kimi Linear), the final norm and the head. The only place that knows
+//! the order of layers.
+
+use crate::checkpoint::{Checkpoint, TensorView};
+use crate::config::{Mixer, ModelConfig};
+use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
+use crate::layers::global_attn::{ForwardOptions, GlobalAttn, TokenDiagnostics};
+use crate::layers::kda::KdaLayer;
+use crate::layout::DType;
+use crate::ops::{attn_res::attn_res, elementwise::add, embed::embed, linear::linear, norm::rms_norm};
+use crate::session::Session;
+use crate::trace::SelectionSink;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("{0}")]
+    Input(String),
+}
+
+/// A feed-forward block on the GPU: out [T, d] = ffn(x [T, d]).
+pub trait FeedForward: Send + Sync {
+    fn forward(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        tokens: usize,
+        out: &wgpu::Buffer,
+        profiler: Option<&mut Profiler>,
+    ) -> Result<(), GpuError>;
+}
+
+pub enum MixerWeights {
+    Kda(KdaLayer),
+    Global(GlobalAttn),
+}
+
+/// AttnRes pseudo-query of one aggregation point: norm weight and projection, both [d] bf16.
+pub struct ResQuery {
+    gamma: wgpu::Buffer,
+    proj: wgpu::Buffer,
+}
+
+pub struct Layer {
+    pub index: usize,
+    input_norm: wgpu::Buffer,
+    post_attention_norm: wgpu::Buffer,
+    /// (attention side, MLP side) when the model uses Block AttnRes.
+    res: Option<(ResQuery, ResQuery)>,
+    pub mixer: MixerWeights,
+    pub ffn: Box<dyn FeedForward>,
+}
+
+pub struct Model {
+    pub gpu: Arc<Gpu>,
+    pub config: ModelConfig,
+    embed: GpuTensor,
+    pub layers: Vec<Layer>,
+    norm: wgpu::Buffer,
+    output_res: Option<ResQuery>,
+    lm_head: GpuTensor,
+    /// Largest context a session of this model may hold.
+    pub max_context: usize,
+}
+
+/// What a forward pass returns logits for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsFor {
+    /// Only the last token (generation).
+    Last,
+    /// Every token (scoring).
+    All,
+}
+
+/// Optional observers of a forward pass.
+#[derive(Default)]
+pub struct Hooks<'a> {
+    pub sink: Option<&'a mut dyn SelectionSink>,
+    /// Omitted-mass diagnostics of the sparse global layers.
+    pub diagnostics: bool,
+    pub profiler: Option<&'a mut Profiler>,
+}
+
+/// Output of one forward call.
+pub struct Forward {
+    /// [rows, vocab] f32: one row per token (All) or the last token's (Last).
+    pub logits: Vec<f32>,
+    pub diagnostics: Vec<TokenDiagnostics>,
+}
+
+/// Builds the FFN of a layer (the MoE / dense MLP owners provide this).
+pub type FfnLoader = dyn for<'c> Fn(&Gpu, &ModelConfig, usize, &dyn Fn(&str) -> Option<TensorView<'c>>) -> Result<Box<dyn FeedForward>, GpuError>;
+
+/// A norm-like vector as bf16 on the GPU (the norm and AttnRes kernels read bf16).
+fn bf16_vector(gpu: &Gpu, name: &str, v: &TensorView<'_>) -> Result<wgpu::Buffer, GpuError> {
+    let values: Vec<half::bf16> = match v.dtype {
+        DType::BF16 => return Ok(gpu.storage_from(name, &pad2(v.data))),
+        DType::F32 => v.data.chunks_exact(4).map(|b| half::bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect(),
+        DType::F16 => v.data.chunks_exact(2).map(|b| half::bf16::from_f32(half::f16::from_le_bytes([b[0], b[1]]).to_f32())).collect(),
+        d => return Err(GpuError::Shape(format!("{name}: dtype {} is not a float", d.name()))),
+    };
+    Ok(gpu.storage_from(name, &values))
+}
+
+fn pad2(b: &[u8]) -> Vec<u8> {
+    let mut v = b.to_vec();
+    v.resize(b.len().div_ceil(2) * 2, 0);
+    v
+}
+
+impl Model {
+    /// Uploads every weight of a validated checkpoint. `progress(done, total)` counts layers.
+    pub fn load(
+        gpu: Arc<Gpu>,
+        ck: &Checkpoint,
+        max_context: usize,
+        ffn_loader: &FfnLoader,
+        mut progress: impl FnMut(usize, usize),
+    ) -> Result<Model, ModelError> {
+        let cfg = ck.config.clone();
+        let g = &*gpu;
+        let need = |name: &str| ck.tensor(name).ok_or_else(|| GpuError::Shape(format!("missing tensor `{name}`")));
+        let upload = |name: &str| -> Result<GpuTensor, GpuError> {
+            let v = need(name)?;
+            GpuTensor::upload(g, name, v.dtype, v.shape, v.data, None)
+        };
+        let vector = |name: &str| -> Result<wgpu::Buffer, GpuError> { bf16_vector(g, name, &need(name)?) };
+        let res_query = |prefix: &str| -> Result<ResQuery, GpuError> {
+            Ok(ResQuery { gamma: vector(&format!("{prefix}_res_norm.weight"))?, proj: vector(&format!("{prefix}_res_proj.weight"))? })
+        };
+        let attn_res = cfg.attn_res_block_size.is_some();
+        let embed = upload("model.embed_tokens.weight")?;
+        let mut layers = Vec::with_capacity(cfg.num_layers());
+        let total = cfg.num_layers() + 2;
+        progress(1, total);
+        for (l, spec) in cfg.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}.");
+            let mixer = match spec.mixer {
+                Mixer::Kda => MixerWeights::Kda(KdaLayer::from_checkpoint(g, ck, l)?),
+                Mixer::Global => {
+                    let prefix = format!("{p}self_attn.");
+                    let lookup = |n: &str| ck.tensor(&format!("{prefix}{n}"));
+                    MixerWeights::Global(GlobalAttn::load(g, &cfg, l, &lookup)?)
+                }
+            };
+            let lookup = |n: &str| ck.tensor(&format!("{p}{n}"));
+            let ffn = ffn_loader(g, &cfg, l, &lookup)?;
+            let res = if attn_res {
+                Some((res_query(&format!("{p}self_attention"))?, res_query(&format!("{p}mlp"))?))
+            } else {
+                None
+            };
+            layers.push(Layer {
+                index: l,
+                input_norm: vector(&format!("{p}input_layernorm.weight"))?,
+                post_attention_norm: vector(&format!("{p}post_attention_layernorm.weight"))?,
+                res,
+                mixer,
+                ffn,
+            });
+            progress(l + 2, total);
+        }
+        let output_res = if attn_res { Some(res_query("model.output_attn")?) } else { None };
+        let model = Model {
+            norm: vector("model.norm.weight")?,
+            output_res,
+            lm_head: upload("lm_head.weight")?,
+            embed,
+            layers,
+            config: cfg,
+            gpu: gpu.clone(),
+            max_context,
+        };
+        progress(total, total);
+        Ok(model)
+    }
+
+    pub fn new_session(&self) -> Result<Session, ModelError> {
+        Ok(Session::new(&self.gpu, &self.config, self.max_context)?)
+    }
+
+    /// Runs `tokens` through the model at the session's position, advancing the session.
+    /// Long inputs should come in chunks (see `plan::PREFILL_CHUNK`); every chunk sees the
+    /// state the previous chunks left.
+    pub fn forward(
+        &self,
+        session: &mut Session,
+        tokens: &[u32],
+        want: LogitsFor,
+        hooks: &mut Hooks<'_>,
+    ) -> Result<Forward, ModelError> {
+        let cfg = &self.config;
+        let t = tokens.len();
+        if t == 0 {
+            return Err(ModelError::Input("no tokens to run: the input is empty".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&id| id as usize >= cfg.vocab_size) {
+            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary of {}", cfg.vocab_size)));
+        }
+        if session.position + t > self.max_context {
+            return Err(ModelError::Input(format!(
+                "{} tokens at position {} exceed the context of {} tokens",
+                t, session.position, self.max_context
+            )));
+        }
+        let g = &*self.gpu;
+        let d = cfg.hidden_size;
+        let td = t * d;
+        let buf = |label: &str| g.storage(label, (td * 4) as u64);
+        let ids = g.storage_from("token ids", tokens);
+        let carry = buf("carry");
+        let h = buf("aggregated");
+        let normed = buf("normed");
+        let mixed = buf("mixer out");
+        let part = buf("partial block");
+        let ffn_out = buf("ffn out");
+        let next = buf("next carry");
+        // Bank of completed blocks, [n, T, d]: the embedding plus one entry per block boundary.
+        let block = cfg.attn_res_block_size.unwrap_or(usize::MAX);
+        let bank_cap = if cfg.attn_res_block_size.is_some() { cfg.num_layers().div_ceil(block) + 1 } else { 0 };
+        let bank = g.storage("attn-res bank", (bank_cap.max(1) * td * 4) as u64);
+        let alpha = g.storage("attn-res weights", (t * (bank_cap + 1) * 4) as u64);
+        let eps = cfg.rms_norm_eps;
+        let mut prof = hooks.profiler.take();
+        let mut diagnostics = Vec::new();
+
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        embed(g, &mut enc, &self.embed, t, &ids, &carry, prof.as_deref_mut())?;
+        let mut n_bank = 0usize;
+        for layer in &self.layers {
+            let l = layer.index;
+            // Attention-side input h (spec 3.2).
+            let h_in: &wgpu::Buffer = match &layer.res {
+                Some((q, _)) if n_bank > 0 => {
+                    attn_res(g, &mut enc, t, d, n_bank, td, eps, &bank, &carry, &q.gamma, &q.proj, &h, &alpha, prof.as_deref_mut())?;
+                    &h
+                }
+                _ => &carry,
+            };
+            let boundary = layer.res.is_some() && l % block == 0;
+            if boundary {
+                enc.copy_buffer_to_buffer(&carry, 0, &bank, (n_bank * td * 4) as u64, (td * 4) as u64);
+                n_bank += 1;
+            }
+            rms_norm(g, &mut enc, t, d, eps, h_in, &layer.input_norm, &normed, prof.as_deref_mut())?;
+            match &layer.mixer {
+                MixerWeights::Kda(k) => {
+                    let st = session.kda_state(l)?;
+                    k.forward(g, &mut enc, &normed, t, st, &mixed, prof.as_deref_mut())?;
+                }
+                MixerWeights::Global(ga) => {
+                    // The global layer reads selections back, so it submits on its own.
+                    g.queue.submit([std::mem::replace(&mut enc, g.device.create_command_encoder(&Default::default())).finish()]);
+                    let cache = session.global_cache(l)?;
+                    let mut opts = ForwardOptions {
+                        sink: hooks.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }),
+                        diagnostics: hooks.diagnostics,
+                        profiler: prof.as_deref_mut(),
+                        ..Default::default()
+                    };
+                    diagnostics.extend(ga.forward(g, &normed, t, cache, &mixed, &mut opts)?);
+                }
+            }
+            // part = a (block start) or part + a; without AttnRes the residual is carry + a.
+            let part_now: &wgpu::Buffer = if boundary {
+                &mixed
+            } else {
+                add(g, &mut enc, td, &carry, &mixed, &part, prof.as_deref_mut())?;
+                &part
+            };
+            let h2: &wgpu::Buffer = match &layer.res {
+                Some((_, q)) => {
+                    attn_res(g, &mut enc, t, d, n_bank, td, eps, &bank, part_now, &q.gamma, &q.proj, &h, &alpha, prof.as_deref_mut())?;
+                    &h
+                }
+                None => part_now,
+            };
+            rms_norm(g, &mut enc, t, d, eps, h2, &layer.post_attention_norm, &normed, prof.as_deref_mut())?;
+            layer.ffn.forward(g, &mut enc, &normed, t, &ffn_out, prof.as_deref_mut())?;
+            add(g, &mut enc, td, part_now, &ffn_out, &next, prof.as_deref_mut())?;
+            enc.copy_buffer_to_buffer(&next, 0, &carry, 0, (td * 4) as u64);
+        }
+        let h_out: &wgpu::Buffer = match &self.output_res {
+            Some(q) => {
+                attn_res(g, &mut enc, t, d, n_bank, td, eps, &bank, &carry, &q.gamma, &q.proj, &h, &alpha, prof.as_deref_mut())?;
+                &h
+            }
+            None => &carry,
+        };
+        rms_norm(g, &mut enc, t, d, eps, h_out, &self.norm, &normed, prof.as_deref_mut())?;
+        let vocab = cfg.vocab_size;
+        let rows = match want {
+            LogitsFor::All => t,
+            LogitsFor::Last => 1,
+        };
+        let head_in = if rows == t {
+            normed
+        } else {
+            let last = g.storage("last hidden", (d * 4) as u64);
+            enc.copy_buffer_to_buffer(&normed, ((t - 1) * d * 4) as u64, &last, 0, (d * 4) as u64);
+            last
+        };
+        let logits = g.storage("logits", (rows * vocab * 4) as u64);
+        linear(g, &mut enc, &self.lm_head, rows, &head_in, &logits, prof.as_deref_mut())?;
+        g.queue.submit([enc.finish()]);
+        let logits: Vec<f32> = g.read(&logits, rows * vocab)?;
+        if let Some(p) = prof.as_deref_mut() {
+            p.collect(g)?;
+        }
+        session.advance(tokens);
+        hooks.profiler = prof;
+        Ok(Forward { logits, diagnostics })
+    }
+}

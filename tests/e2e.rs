@@ -1,0 +1,130 @@
+//! The whole model against logits produced by the independent references (tools/reference,
+//! checked against fla, transformers and the public K3 code): full and incremental runs,
+//! greedy continuations, and snapshot/restore of a session.
+
+mod support;
+
+use k31_engine::checkpoint::Checkpoint;
+use k31_engine::model::{Hooks, LogitsFor, Model};
+use k31_engine::session::Snapshot;
+use support::golden::{self, golden_dir};
+
+fn load(dir: &str) -> Option<Model> {
+    let g = support::gpu()?;
+    let ck = Checkpoint::open(&golden_dir().join(dir)).expect("golden checkpoint validates");
+    Some(Model::load(g, &ck, 256, &k31_engine::layers::load_ffn, |_, _| {}).expect("model loads"))
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    assert_eq!(got.len(), want.len());
+    let num: f64 = got.iter().zip(want).map(|(a, b)| (*a as f64 - *b as f64).powi(2)).sum();
+    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+    (num / den).sqrt()
+}
+
+fn ids_of(file: &str) -> Vec<u32> {
+    golden::load_int_tensors(file)["input_ids"].1.iter().map(|&v| v as u32).collect()
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    k31_engine::sample::argmax(row).expect("finite logits")
+}
+
+/// Full forward, prefill-then-decode, and greedy continuation against one golden file.
+fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
+    let Some(model) = load(&format!("{dir}/model")) else { return };
+    let file = format!("{dir}/{outputs}");
+    let want = golden::load_tensors(&file);
+    let ids = ids_of(&file);
+    let vocab = model.config.vocab_size;
+
+    let mut s = model.new_session().expect("session");
+    let full = model.forward(&mut s, &ids, LogitsFor::All, &mut Hooks::default()).expect("full forward").logits;
+    let e = rel_l2(&full, &golden::get(&want, "logits_full").1);
+    eprintln!("{dir}: full logits rel L2 {e:.2e}");
+    assert!(e <= 1e-3, "{dir}: full logits rel L2 {e}");
+
+    let mut s = model.new_session().expect("session");
+    let mut inc = model.forward(&mut s, &ids[..split], LogitsFor::All, &mut Hooks::default()).expect("prefill").logits;
+    for &id in &ids[split..] {
+        inc.extend(model.forward(&mut s, &[id], LogitsFor::Last, &mut Hooks::default()).expect("decode").logits);
+    }
+    let e = rel_l2(&inc, &golden::get(&want, "logits_incremental").1);
+    eprintln!("{dir}: incremental logits rel L2 {e:.2e}");
+    assert!(e <= 1e-3, "{dir}: incremental logits rel L2 {e}");
+
+    // Greedy: continue after the whole sequence.
+    let want_tokens: Vec<u32> = golden::load_int_tensors(&file)["greedy_tokens"].1.iter().map(|&v| v as u32).collect();
+    let mut last = full[(ids.len() - 1) * vocab..].to_vec();
+    let mut s2 = s; // holds the incremental run: same tokens as the full one
+    let mut got = Vec::new();
+    for _ in 0..greedy_steps.min(want_tokens.len()) {
+        let next = argmax(&last);
+        got.push(next);
+        last = model.forward(&mut s2, &[next], LogitsFor::Last, &mut Hooks::default()).expect("greedy step").logits;
+    }
+    assert_eq!(got, want_tokens[..got.len()], "{dir}: greedy continuation");
+}
+
+#[test]
+fn k31_tiny_matches_the_reference() {
+    check_model("k31_tiny", "outputs.safetensors", 20, 16);
+}
+
+#[test]
+fn kimi_linear_matches_transformers() {
+    check_model("kimi_linear_tiny", "hf_outputs.safetensors", 13, 12);
+}
+
+#[test]
+fn snapshot_restore_continues_identically() {
+    let Some(model) = load("k31_tiny/model") else { return };
+    let gpu = model.gpu.clone();
+    let ids = ids_of("k31_tiny/outputs.safetensors");
+    let (prefix, rest) = ids.split_at(24);
+    let mut s = model.new_session().expect("session");
+    model.forward(&mut s, prefix, LogitsFor::Last, &mut Hooks::default()).expect("prefix");
+    let snap = s.snapshot(&gpu).expect("snapshot");
+    let path = support::scratch("e2e-snapshot").join("prefix.k31session");
+    snap.save(&path).expect("save");
+
+    let run = |s: &mut k31_engine::session::Session| -> Vec<f32> {
+        let mut out = Vec::new();
+        for &id in &rest[..6] {
+            out.extend(model.forward(s, &[id], LogitsFor::Last, &mut Hooks::default()).expect("decode").logits);
+        }
+        out
+    };
+    let uninterrupted = run(&mut s);
+    // Restore into a used session, and into a fresh one from disk.
+    model.forward(&mut s, &rest[6..9], LogitsFor::Last, &mut Hooks::default()).expect("more");
+    s.restore(&gpu, &snap).expect("restore");
+    assert_eq!(s.position, 24);
+    let restored = run(&mut s);
+    let mut fresh = model.new_session().expect("session");
+    let loaded = Snapshot::load(&path).expect("load");
+    assert_eq!(loaded, snap, "disk round trip");
+    fresh.restore(&gpu, &loaded).expect("restore from disk");
+    let from_disk = run(&mut fresh);
+    for (name, got) in [("restored", &restored), ("from disk", &from_disk)] {
+        let max = got.iter().zip(&uninterrupted).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+        assert!(max <= 1e-6, "{name}: logits differ by {max}");
+    }
+    // A snapshot file that is not one is a clear error.
+    std::fs::write(&path, b"nonsense").expect("write");
+    assert!(Snapshot::load(&path).is_err());
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let Some(model) = load("k31_tiny/model") else { return };
+    let mut s = model.new_session().expect("session");
+    let e = model.forward(&mut s, &[], LogitsFor::Last, &mut Hooks::default()).err().expect("empty").to_string();
+    assert!(e.contains("empty"), "{e}");
+    let e = model.forward(&mut s, &[5, 512], LogitsFor::Last, &mut Hooks::default()).err().expect("id").to_string();
+    assert!(e.contains("512") && e.contains("vocabulary"), "{e}");
+    let long = vec![1u32; 257];
+    let e = model.forward(&mut s, &long, LogitsFor::Last, &mut Hooks::default()).err().expect("long").to_string();
+    assert!(e.contains("context"), "{e}");
+    assert_eq!(s.position, 0, "failed calls leave the session untouched");
+}
