@@ -1,5 +1,147 @@
-//! Benchmark of the dsa kernels on the benchmark GPU (being written: see the open issue).
+//! DSA decode kernels at the K3.1 shapes (32 x 128 indexer, top-2048, 96-head absorbed MLA over
+//! 576-wide bf16 rows), each timed separately per token per layer at several context lengths
+//! with random cache data, next to the copy bandwidth measured in the same run.
+//! Run: `cargo bench --bench dsa` (`--quick` for small sizes, `--json FILE` to save rows,
+//! `--torch` to also run the PyTorch reference on the same GPU: naive indexer + torch.topk +
+//! gathered absorbed attention; needs python3 with CUDA torch).
 
-fn main() {
-    eprintln!("no dsa benchmark yet");
+use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
+use k31_engine::gpu::{Gpu, GpuTensor};
+use k31_engine::layout::DType;
+use k31_engine::ops::dsa::{self, MlaDims, PagedRows, TopkScratch};
+
+const IH: usize = 32;
+const ID: usize = 128;
+const TOPK: usize = 2048;
+
+/// Cheap deterministic uniform values in [-1, 1).
+fn random(seed: u64, n: usize) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+const TORCH: &str = r#"
+import json, sys, torch
+torch.manual_seed(0)
+dev = 'cuda'
+IH, ID, K, H, R, E, V = 32, 128, 2048, 96, 512, 64, 128
+def t(f, reps=30):
+    for _ in range(5): f()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True); b = torch.cuda.Event(enable_timing=True)
+        a.record(); f(); b.record(); torch.cuda.synchronize(); ts.append(a.elapsed_time(b) * 1e3)
+    ts.sort(); return ts[len(ts) // 2]
+out = []
+for S in [int(x) for x in sys.argv[1:]]:
+    keys = torch.randn(S, ID, device=dev, dtype=torch.bfloat16)
+    q = torch.randn(IH, ID, device=dev, dtype=torch.bfloat16)
+    w = torch.randn(IH, device=dev, dtype=torch.float32) * (IH * ID) ** -0.5
+    idx = lambda: (torch.relu((q @ keys.T).float()) * w[:, None]).sum(0)
+    sc = idx()
+    k = min(K, S)
+    cache = torch.randn(S, R + E, device=dev, dtype=torch.bfloat16)
+    qa = torch.randn(H, R + E, device=dev, dtype=torch.float32)
+    wuv = torch.randn(H, V, R, device=dev, dtype=torch.bfloat16)
+    sel = torch.topk(sc, k).indices
+    def attn():
+        rows = cache[sel].float()
+        p = torch.softmax(qa @ rows.T, -1)
+        ob = p @ rows[:, :R]
+        return torch.einsum('hvr,hr->hv', wuv.float(), ob)
+    out.append({'S': S, 'indexer_us': t(idx), 'topk_us': t(lambda: torch.topk(sc, k)),
+                'indexer_topk_us': t(lambda: torch.topk(idx(), k)), 'sparse_attn_us': t(attn)})
+sc = torch.randn(200 * 1024, device=dev)
+out.append({'S': 204800, 'topk_random_us': t(lambda: torch.topk(sc, 2048))})
+print(json.dumps({'device': torch.cuda.get_device_name(), 'torch': torch.__version__, 'rows': out}))
+"#;
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
+    let quick = args.iter().any(|a| a == "--quick");
+    let torch = args.iter().any(|a| a == "--torch");
+    let gpu = Gpu::open(None)?;
+    println!("GPU: {}  (max binding {} MiB)", gpu.describe(), gpu.caps.max_binding >> 20);
+    let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
+    println!("copy bandwidth (read+write): {copy:.1} GB/s");
+    let sizes: Vec<usize> = if quick { vec![4096, 32768] } else { vec![4096, 32768, 131072, 524288, 1048576] };
+    let dims = MlaDims { heads: 96, latent: 512, rope: 64, nope: 128, v_dim: 128, scale: 192f32.powf(-0.5) };
+    let wkv_v = random(7, dims.heads * (dims.nope + dims.v_dim) * dims.latent);
+    let wkv_b: Vec<u8> = wkv_v.iter().flat_map(|&x| half::bf16::from_f32(x * 0.05).to_le_bytes()).collect();
+    let wkv = GpuTensor::upload(&gpu, "kv_b_proj", DType::BF16, &[dims.heads * (dims.nope + dims.v_dim), dims.latent], &wkv_b, None)?;
+    let mut rows = Vec::new();
+    let push = |rows: &mut Vec<Row>, name: String, t: f64, bytes: f64| {
+        let row = Row { name, time_us: t * 1e6, rate: bytes / t / 1e9, ceiling: copy, unit: "GB/s" };
+        row.print();
+        rows.push(row);
+    };
+    for &s in &sizes {
+        let run = || -> anyhow::Result<Vec<(String, f64, f64)>> {
+            let mut out = Vec::new();
+            let mut keys = PagedRows::new(&gpu, "keys", ID, 1024, s)?;
+            keys.upload(&gpu, &random(s as u64, s * ID))?;
+            let q = gpu.storage_from("q", &random(1, IH * ID));
+            let w = gpu.storage_from("w", &random(2, IH));
+            let scores = gpu.storage("scores", (s * 4) as u64);
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::index_scores(&gpu, enc, &keys, IH, &q, &w, &scores, 1, s - 1, s, s, prof))?;
+            out.push((format!("indexer scan 32x128 bf16 keys, S={s}"), t, (s * ID * 2) as f64));
+            drop(keys);
+            let k = TOPK.min(s);
+            let scratch = TopkScratch::new(&gpu, 1, s, k)?;
+            let sel = gpu.storage("sel", (k * 4) as u64);
+            let sel_s = gpu.storage("sel scores", (k * 4) as u64);
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, prof))?;
+            out.push((format!("top-{k} of indexer scores, S={s}"), t, (s * 4) as f64));
+            let mut cache = PagedRows::new(&gpu, "latent", dims.width(), 1024, s)?;
+            cache.upload(&gpu, &random(s as u64 + 1, s * dims.width()))?;
+            let qa = gpu.storage_from("qa", &random(3, dims.heads * dims.width()));
+            let gate = gpu.storage_from("gate", &random(4, dims.heads * dims.v_dim));
+            let part = gpu.storage("part", dsa::partial_bytes(&dims, 1, dsa::attend_splits(k)) as u64);
+            let o = gpu.storage("o", (dims.heads * dims.v_dim * 4) as u64);
+            let lse = gpu.storage("lse", (dims.heads * 4) as u64);
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
+            })?;
+            out.push((format!("sparse MLA 96 heads, {k} rows of 576, S={s}"), t, (k * dims.width() * 2) as f64));
+            Ok(out)
+        };
+        match run() {
+            Ok(v) => v.into_iter().for_each(|(n, t, b)| push(&mut rows, n, t, b)),
+            Err(e) => println!("S={s}: skipped: {e}"),
+        }
+    }
+    // The acceptance figure: top-2048 of a 200K row of random scores.
+    let n = 200 * 1024;
+    let scores = gpu.storage_from("scores", &random(9, n));
+    let scratch = TopkScratch::new(&gpu, 1, n, TOPK)?;
+    let sel = gpu.storage("sel", (TOPK * 4) as u64);
+    let sel_s = gpu.storage("sel scores", (TOPK * 4) as u64);
+    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    push(&mut rows, format!("top-2048 of {n} random scores"), t, (n * 4) as f64);
+    let mut torch_json = serde_json::Value::Null;
+    if torch {
+        let path = std::env::temp_dir().join("k31_dsa_torch.py");
+        std::fs::write(&path, TORCH)?;
+        let out = std::process::Command::new("python3").arg(&path).args(sizes.iter().map(|s| s.to_string())).output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        println!("PyTorch reference (same GPU): {text}");
+        if !out.status.success() {
+            println!("PyTorch reference failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        torch_json = serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::Null);
+    }
+    if let Some(path) = json_out {
+        let doc = serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows, "torch": torch_json});
+        std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
 }

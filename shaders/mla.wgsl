@@ -6,7 +6,7 @@
 //   mla_combine  per (t, h): merge the splits, o = W_UV,h obar, optional sigmoid gate, lse
 //   mla_logits   dense logits qa[t,h] . row_s for diagnostics, -inf beyond the causal limit
 // Preconditions (host): q [T, q_stride] f32 with head h at h*(Dn+E) (nope then pe); kv_b_proj
-// bf16 [H*(Dn+Dv), R] packed two per u32; R even, R <= 1024, R+E <= 1152, (R+E) even; the latent
+// bf16 [H*(Dn+Dv), R] packed two per u32; R even, R <= 512, R+E <= 576, (R+E) % 8 == 0; the latent
 // cache rows are R+E bf16 (c then k_pe) in pages c0..c15 (page i holds page0 << min(i,
 // shift_max) rows); sel [T, k] i32 with -1 padding; part [T, H, splits, R+2] f32.
 
@@ -30,7 +30,8 @@ struct MlaParams {
 }
 
 const WG: u32 = 256u;
-const BLOCK: u32 = 32u;
+const BLOCK: u32 = 16u;
+const ROW_WORDS_MAX: u32 = 288u; // (R + E) / 2 <= 288, i.e. R + E <= 576
 
 @group(0) @binding(0) var<uniform> p: MlaParams;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
@@ -124,7 +125,8 @@ fn locate(pos: u32) -> vec2<u32> {
     return vec2<u32>(p.shift_max + 1u + j, pos - doubling_end - j * big);
 }
 
-var<workgroup> qsh: array<f32, 1152>;
+var<workgroup> qsh: array<f32, 576>;
+var<workgroup> rows_sh: array<u32, 4608>; // BLOCK rows staged with independent, coalesced loads
 var<workgroup> red: array<f32, WG>;
 var<workgroup> lg: array<f32, BLOCK>;
 var<workgroup> rpage: array<u32, BLOCK>;
@@ -152,12 +154,12 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let per = (n_sel + p.splits - 1u) / p.splits;
     let r0 = min(n_sel, split * per);
     let r1 = min(n_sel, r0 + per);
-    let sub = lid & 7u;
-    let r = lid >> 3u;
+    let sub = lid & 15u;
+    let r = lid >> 4u;
     let ninf = bitcast<f32>(0xff800000u);
     var m = ninf;
     var l = 0.0;
-    var acc: array<f32, 4>;
+    var acc: array<f32, 2>;
     for (var b = r0; b < r1; b += BLOCK) {
         if (lid < BLOCK) {
             let idx = b + lid;
@@ -180,22 +182,29 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
             }
         }
         workgroupBarrier();
-        var d = 0.0;
-        let pg = rpage[r];
-        if (pg != NONE) {
-            for (var w = sub; w < words; w += 8u) {
-                let x = page_word(pg, rbase[r] + w);
-                d += lo(x) * qsh[2u * w] + hi(x) * qsh[2u * w + 1u];
+        for (var i = lid; i < BLOCK * words; i += WG) {
+            let rr = i / words;
+            let pg = rpage[rr];
+            var x = 0u;
+            if (pg != NONE) {
+                x = page_word(pg, rbase[rr] + i - rr * words);
             }
+            rows_sh[i] = x;
+        }
+        workgroupBarrier();
+        var d = 0.0;
+        for (var w = sub; w < words; w += 16u) {
+            let x = rows_sh[r * words + w];
+            d += lo(x) * qsh[2u * w] + hi(x) * qsh[2u * w + 1u];
         }
         red[lid] = d;
         workgroupBarrier();
         if (sub == 0u) {
             var s = 0.0;
-            for (var i = 0u; i < 8u; i++) {
+            for (var i = 0u; i < 16u; i++) {
                 s += red[lid + i];
             }
-            lg[r] = select(ninf, s, pg != NONE);
+            lg[r] = select(ninf, s, rpage[r] != NONE);
         }
         workgroupBarrier();
         var mb = ninf;
@@ -206,22 +215,19 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         if (mn > ninf) {
             let corr = exp(m - mn);
             l *= corr;
-            for (var j = 0u; j < 4u; j++) {
-                acc[j] *= corr;
-            }
+            acc[0] *= corr;
+            acc[1] *= corr;
+            let owned = 2u * lid < p.latent;
             for (var i = 0u; i < BLOCK; i++) {
                 if (rpage[i] == NONE) {
                     continue;
                 }
                 let pi = exp(lg[i] - mn);
                 l += pi;
-                for (var j = 0u; j < 2u; j++) {
-                    let w = lid + j * WG;
-                    if (2u * w < p.latent) {
-                        let x = page_word(rpage[i], rbase[i] + w);
-                        acc[2u * j] += pi * lo(x);
-                        acc[2u * j + 1u] += pi * hi(x);
-                    }
+                if (owned) {
+                    let x = rows_sh[i * words + lid];
+                    acc[0] += pi * lo(x);
+                    acc[1] += pi * hi(x);
                 }
             }
             m = mn;
@@ -233,12 +239,9 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         part[out] = m;
         part[out + 1u] = l;
     }
-    for (var j = 0u; j < 2u; j++) {
-        let w = lid + j * WG;
-        if (2u * w < p.latent) {
-            part[out + 2u + 2u * w] = acc[2u * j];
-            part[out + 3u + 2u * w] = acc[2u * j + 1u];
-        }
+    if (2u * lid < p.latent) {
+        part[out + 2u + 2u * lid] = acc[0];
+        part[out + 3u + 2u * lid] = acc[1];
     }
 }
 
@@ -246,7 +249,7 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @group(0) @binding(23) var<storage, read_write> o: array<f32>;
 @group(0) @binding(24) var<storage, read_write> lse: array<f32>;
 
-var<workgroup> ob: array<f32, 1024>;
+var<workgroup> ob: array<f32, 512>;
 var<workgroup> msum: array<f32, 2>;
 
 @compute @workgroup_size(256)

@@ -44,6 +44,27 @@ override FWG: u32 = 256u;
 var<workgroup> lh: array<atomic<u32>, BINS>;
 var<workgroup> sums: array<u32, WG>;
 var<workgroup> ctl: array<u32, 8>;
+var<workgroup> scan: array<u32, 1024>;
+
+// Exclusive prefix sum of v over the n threads of the workgroup (no same-address atomics:
+// those serialise). Returns (exclusive prefix, total). Call from uniform control flow.
+fn wg_scan(lid: u32, v: u32, n: u32) -> vec2<u32> {
+    scan[lid] = v;
+    workgroupBarrier();
+    for (var off = 1u; off < n; off <<= 1u) {
+        var x = scan[lid];
+        if (lid >= off) {
+            x += scan[lid - off];
+        }
+        workgroupBarrier();
+        scan[lid] = x;
+        workgroupBarrier();
+    }
+    let incl = scan[lid];
+    let total = scan[n - 1u];
+    workgroupBarrier();
+    return vec2<u32>(incl - v, total);
+}
 
 // Order-preserving map of f32 to u32 (larger score -> larger key).
 fn okey(f: f32) -> u32 {
@@ -136,13 +157,10 @@ fn topk_filter(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         atomicStore(&state[row * 4u + 2u], bstar);
         atomicStore(&state[row * 4u + 3u], need);
     }
-    // Local counts first, then one global reservation per workgroup and list.
-    if (lid < 2u) {
-        atomicStore(&lh[lid], 0u);
-    }
-    workgroupBarrier();
+    // Kinds: 0 = selected, 1 = candidate; offsets from one scan of packed counts, then one
+    // global reservation per workgroup and list.
     var kinds: array<u32, ITEMS>;
-    var slots: array<u32, ITEMS>;
+    var counts = 0u;
     for (var i = 0u; i < ITEMS; i++) {
         let idx = base + i * WG + lid;
         kinds[i] = 2u;
@@ -150,17 +168,16 @@ fn topk_filter(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             let b = okey(scores[row * p.row_stride + idx]) >> 20u;
             if (all || b > bstar) {
                 kinds[i] = 0u;
+                counts += 1u;
             } else if (b == bstar) {
                 kinds[i] = 1u;
-            }
-            if (kinds[i] < 2u) {
-                slots[i] = atomicAdd(&lh[kinds[i]], 1u);
+                counts += 1u << 16u;
             }
         }
     }
-    workgroupBarrier();
+    let sc = wg_scan(lid, counts, WG);
     if (lid < 2u) {
-        let n = atomicLoad(&lh[lid]);
+        let n = (sc.y >> (16u * lid)) & 0xffffu;
         var at = 0u;
         if (n > 0u) {
             at = atomicAdd(&state[row * 4u + lid], n);
@@ -168,12 +185,16 @@ fn topk_filter(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         ctl[2u + lid] = at;
     }
     workgroupBarrier();
+    var o0 = ctl[2] + (sc.x & 0xffffu);
+    var o1 = ctl[3] + (sc.x >> 16u);
     for (var i = 0u; i < ITEMS; i++) {
         let idx = base + i * WG + lid;
         if (kinds[i] == 0u) {
-            def_list[row * p.k + ctl[2] + slots[i]] = idx;
+            def_list[row * p.k + o0] = idx;
+            o0 += 1u;
         } else if (kinds[i] == 1u) {
-            cand[row * p.row_len + ctl[3] + slots[i]] = idx;
+            cand[row * p.row_len + o1] = idx;
+            o1 += 1u;
         }
     }
 }
@@ -182,7 +203,6 @@ var<workgroup> skey: array<u32, KMAX>;
 var<workgroup> spos: array<u32, KMAX>;
 var<workgroup> h8: array<atomic<u32>, 256>;
 var<workgroup> fctl: array<u32, 8>; // need, mask_hi, val_hi, mask_lo, val_lo, done, n
-var<workgroup> fill: atomic<u32>;
 
 // Candidate composite key: low 20 score bits, then ~position (smaller position ranks higher).
 fn cand_key(row: u32, pos: u32) -> vec2<u32> {
@@ -222,7 +242,6 @@ fn topk_final(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         fctl[3] = 0u;
         fctl[4] = 0u;
         fctl[5] = select(0u, 1u, n_cand == 0u || fctl[0] == 0u);
-        atomicStore(&fill, 0u);
     }
     for (var pi = 0u; pi < 7u; pi++) {
         let done = workgroupUniformLoad(&fctl[5]);
@@ -272,36 +291,47 @@ fn topk_final(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         workgroupBarrier();
     }
     workgroupBarrier();
-    // Gather: definite positions, then candidates at or above the final prefix.
+    // Gather: definite positions, then candidates at or above the final prefix (compacted by scans).
     let mh = fctl[1];
     let vh = fctl[2];
     let ml = fctl[3];
     let vl = fctl[4];
     let take_cands = fctl[0] > 0u;
-    for (var i = lid; i < n_def; i += FWG) {
+    for (var i = lid; i < min(n_def, KMAX); i += FWG) {
         let pos = def_list[row * p.k + i];
-        let slot = atomicAdd(&fill, 1u);
-        skey[slot] = okey(scores[row * p.row_stride + pos]);
-        spos[slot] = pos;
+        skey[i] = okey(scores[row * p.row_stride + pos]);
+        spos[i] = pos;
     }
-    if (take_cands) {
-        for (var i = lid; i < n_cand; i += FWG) {
-            let pos = cand[row * p.row_len + i];
+    if (lid == 0u) {
+        fctl[7] = select(0u, n_cand, take_cands);
+        fctl[6] = n_def;
+    }
+    let nc = workgroupUniformLoad(&fctl[7]);
+    var filled = n_def;
+    for (var b = 0u; b < nc; b += FWG) {
+        let i = b + lid;
+        var pos = 0u;
+        var hit = 0u;
+        if (i < nc) {
+            pos = cand[row * p.row_len + i];
             let key = cand_key(row, pos);
             let a = vec2<u32>(key.x & mh, key.y & ml);
             if (a.x > vh || (a.x == vh && a.y >= vl)) {
-                let slot = atomicAdd(&fill, 1u);
-                if (slot < KMAX) {
-                    skey[slot] = okey(scores[row * p.row_stride + pos]);
-                    spos[slot] = pos;
-                }
+                hit = 1u;
             }
         }
+        let sc = wg_scan(lid, hit, FWG);
+        let slot = filled + sc.x;
+        if (hit == 1u && slot < KMAX) {
+            skey[slot] = okey(scores[row * p.row_stride + pos]);
+            spos[slot] = pos;
+        }
+        filled += sc.y;
+    }
+    if (lid == 0u) {
+        fctl[6] = filled;
     }
     workgroupBarrier();
-    if (lid == 0u) {
-        fctl[6] = atomicLoad(&fill);
-    }
     let n = min(workgroupUniformLoad(&fctl[6]), min(p.k, KMAX));
     var size = 1u;
     while (size < n) {

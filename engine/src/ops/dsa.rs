@@ -93,13 +93,16 @@ pub const MAX_TOPK: usize = 2048;
 /// Page bindings of the paged caches (indexer.wgsl k0..k15, mla.wgsl c0..c15).
 pub const MAX_PAGES: usize = 16;
 const TOPK_CHUNK: usize = 4096;
+/// Pages stop doubling at this size: very large buffers gained nothing and the first
+/// H200 run slowed down past 1 GiB pages.
+const PAGE_BYTES_CAP: u64 = 256 << 20;
 const TOPK_BINS: usize = 4096;
 
 /// The indexer kernel specialised on `heads` x `head_dim` (built once per shape).
 pub fn index_kernel(heads: usize, head_dim: usize) -> Result<Kernel, GpuError> {
-    if heads == 0 || heads > 64 || head_dim == 0 || head_dim % 8 != 0 || heads * head_dim > 4096 {
+    if heads == 0 || heads > 32 || heads % 4 != 0 || head_dim == 0 || head_dim % 8 != 0 || head_dim > 128 {
         return Err(GpuError::Shape(format!(
-            "indexer: {heads} heads x {head_dim} unsupported (needs heads <= 64, head_dim a multiple of 8, heads*head_dim <= 4096)"
+            "indexer: {heads} heads x {head_dim} unsupported (needs heads a multiple of 4 up to 32, head_dim a multiple of 8 up to 128)"
         )));
     }
     match (heads, head_dim) {
@@ -199,7 +202,7 @@ impl PagedRows {
         loop {
             let covered = page0 * ((2usize << shift_max) - 1);
             let next = ((page0 as u64) << (shift_max + 1)) * row_bytes;
-            if covered >= max_rows || next > gpu.caps.max_binding || shift_max + 1 >= MAX_PAGES as u32 {
+            if covered >= max_rows || next > gpu.caps.max_binding.min(PAGE_BYTES_CAP) || shift_max + 1 >= MAX_PAGES as u32 {
                 break;
             }
             shift_max += 1;
@@ -405,7 +408,7 @@ pub fn index_scores(
     let slots = keys.slots();
     let mut entries = vec![(0, &u), (1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
-    let groups = [n_pos.div_ceil(256) as u32, n_queries as u32, 1];
+    let groups = [n_pos.div_ceil(64) as u32, n_queries as u32, 1];
     check_groups(gpu, "index_scores", groups)?;
     run(gpu, enc, &kernel, &entries, groups, profiler)
 }
@@ -551,9 +554,9 @@ impl MlaDims {
         self.latent + self.rope
     }
     fn check(&self) -> Result<(), GpuError> {
-        if self.latent % 2 != 0 || self.latent > 1024 || self.width() > 1152 || self.width() % 8 != 0 {
+        if self.latent % 2 != 0 || self.latent > 512 || self.width() > 576 || self.width() % 8 != 0 {
             return Err(shape_err(format!(
-                "MLA: latent {} + rope {} unsupported (latent even and <= 1024, latent + rope a multiple of 8 and <= 1152)",
+                "MLA: latent {} + rope {} unsupported (latent even and <= 512, latent + rope a multiple of 8 and <= 576)",
                 self.latent, self.rope
             )));
         }
