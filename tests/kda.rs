@@ -361,7 +361,7 @@ fn layer_matches_reference_with_snapshot() {
     let layer = KdaLayer::from_tensors(&gpu, &cfg, d, "attn.", |n| views.iter().find(|(m, _)| m == n).map(|(_, v)| *v))
         .expect("build layer");
     let (t0, n) = (33, 4);
-    let x = scaled(700, (t0 + 2 * n) * d, 1.0);
+    let x = scaled(700, (150 + n) * d, 1.0);
     let mut rst = r::KdaState::zeros(&sh);
     let (want, _) = r::layer(&sh, &w, &x[..(t0 + n) * d], t0 + n, &mut rst);
     let mut st = KdaState::new(&gpu, &layer.geom);
@@ -377,6 +377,16 @@ fn layer_matches_reference_with_snapshot() {
     assert_eq!(st.pos, t0 as u64);
     let again = run_layer(&gpu, &layer, &mut st, &x[t0 * d..(t0 + n) * d], 0, n);
     assert_eq!(again, tail, "restored state replays bit-identically");
+    // A prompt longer than one prefill piece runs as pieces and gives the same result.
+    let mut layer = layer;
+    layer.max_prefill_tokens = 64;
+    let mut st = KdaState::new(&gpu, &layer.geom);
+    let pieces = run_layer(&gpu, &layer, &mut st, &x, 150, 150 + n);
+    let mut rst = r::KdaState::zeros(&sh);
+    let (want, _) = r::layer(&sh, &w, &x[..(150 + n) * d], 150 + n, &mut rst);
+    let e = rel_l2(&pieces, &want);
+    eprintln!("prefill of 150 tokens in pieces of 64, then decode: rel L2 {e:.2e}");
+    assert!(e <= TOL, "pieces: {e:.2e}");
     let bad = k31_engine::layers::kda::KdaSnapshot { state: vec![0.0; 3], ring: Vec::new(), pos: 0 };
     assert!(st.restore(&gpu, &bad).is_err(), "a mis-sized snapshot is refused");
 }

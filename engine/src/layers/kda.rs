@@ -33,6 +33,24 @@ pub struct KdaLayer {
     /// [V] f32 (128 values: widened once instead of a bf16 variant of the norm kernel).
     o_norm: wgpu::Buffer,
     o_proj: GpuTensor,
+    /// Longest prefill run in one piece; longer ones run as consecutive pieces (the chunk
+    /// scratch must fit one storage binding). A multiple of the 64-token chunk.
+    pub max_prefill_tokens: usize,
+}
+
+/// Prefill pieces are capped here to bound the scratch memory (~1.6 GB at K3.1 shapes).
+const PREFILL_PIECE: usize = 8192;
+
+/// Largest multiple of the chunk whose scratch buffers each fit one binding.
+fn max_piece(gpu: &Gpu, geom: &KdaGeom, hidden: usize) -> usize {
+    let (p, k, h) = (geom.proj() as u64, geom.head_dim as u64, geom.heads as u64);
+    let per_token = (3 * p).max(hidden as u64) * 4;
+    let per_chunk = h * k * k * 4;
+    let limit = gpu.caps.max_binding;
+    let by_rows = limit / per_token;
+    let by_states = (limit / per_chunk) * kda::CHUNK as u64;
+    let t = by_rows.min(by_states).min(PREFILL_PIECE as u64) as usize;
+    (t / kda::CHUNK * kda::CHUNK).max(kda::CHUNK)
 }
 
 /// Per-sequence state of one KDA layer: the recurrent state, the conv ring and the position.
@@ -172,6 +190,7 @@ impl KdaLayer {
             gate,
             o_norm: small("o_norm.weight", k)?,
             o_proj: matrix("o_proj.weight", hidden, p)?,
+            max_prefill_tokens: max_piece(gpu, &geom, hidden),
         })
     }
 
@@ -179,6 +198,40 @@ impl KdaLayer {
     /// more run the chunked prefill (never token by token).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        t_len: usize,
+        st: &mut KdaState,
+        out: &wgpu::Buffer,
+        mut prof: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        let d = self.hidden;
+        let piece = self.max_prefill_tokens.max(1);
+        if t_len <= piece {
+            return self.forward_piece(gpu, enc, x, t_len, st, out, prof);
+        }
+        if x.size() < (t_len * d * 4) as u64 || out.size() < (t_len * d * 4) as u64 {
+            return Err(GpuError::Shape(format!("kda layer: x and out must hold [{t_len}, {d}] f32")));
+        }
+        // Long prompts: consecutive pieces through staging rows; the state carries over.
+        let xs = gpu.storage("kda piece x", (piece * d * 4) as u64);
+        let os = gpu.storage("kda piece out", (piece * d * 4) as u64);
+        let mut at = 0;
+        while at < t_len {
+            let n = piece.min(t_len - at);
+            let (off, bytes) = ((at * d * 4) as u64, (n * d * 4) as u64);
+            enc.copy_buffer_to_buffer(x, off, &xs, 0, bytes);
+            self.forward_piece(gpu, enc, &xs, n, st, &os, prof.as_deref_mut())?;
+            enc.copy_buffer_to_buffer(&os, 0, out, off, bytes);
+            at += n;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_piece(
         &self,
         gpu: &Gpu,
         enc: &mut wgpu::CommandEncoder,
