@@ -25,4 +25,5 @@ pub mod shaders;
 
 /// Re-exported so tests and benches can name encoder and buffer types.
 pub use wgpu;
+pub mod tokenizer;
 pub mod trace;
