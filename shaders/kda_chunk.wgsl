@@ -1,8 +1,9 @@
 // Chunked (WY/UT) KDA prefill, spec 4.4: chunks of C = 64 rows, all in f32.
 //   kda_chunk_cumsum: Gamma = within-chunk cumulative sum of g (in place).
-//   kda_chunk_intra:  per (chunk, head): A_kk, A_qk with pairwise exponents (never e^-Gamma
-//                     alone), the unit lower-triangular solve (I + A_kk) X = diag(beta) [K e^Gamma | V]
-//                     by forward substitution, giving w and u; also qg = q e^Gamma and
+//   kda_chunk_intra:  per (chunk, head): A_kk, A_qk (sub-chunks of 16: pairwise exponents on
+//                     the diagonal blocks, the first row of the row's sub-chunk as reference
+//                     off the diagonal; never e^-Gamma alone), then the unit lower-triangular
+//                     solve (I + A_kk) X = diag(beta) [K e^Gamma | V] by forward substitution, giving w and u; also qg = q e^Gamma and
 //                     kg = k e^(Gamma_last - Gamma).
 //   kda_chunk_state:  per (head, tile of value columns), sequential over chunks:
 //                     keep S_n; U = u - w S_n;  S = diag(e^Gamma_last) S_n + kg^T U.
@@ -68,7 +69,12 @@ var<workgroup> sh_akk: array<f32, 4096>;     // [C, C] beta_r * A_kk, strictly l
 var<workgroup> sh_tk: array<f32, 1024>;      // [C, KT]
 var<workgroup> sh_tq: array<f32, 1024>;
 var<workgroup> sh_tg: array<f32, 1024>;
+var<workgroup> sh_lk: array<f32, 1024>;      // [C, KT] k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
+var<workgroup> sh_lq: array<f32, 1024>;      // [C, KT] q_r e^(Gamma_r - Gamma_n(r))
+var<workgroup> sh_rk: array<f32, 2304>;      // [3, 48, KT] k_j e^(Gamma_n - Gamma_j), n = 16, 32, 48, j < n
 var<workgroup> sh_beta: array<f32, 64>;
+
+const SUB: u32 = 16u;     // sub-chunk rows
 
 @compute @workgroup_size(256)
 fn kda_chunk_intra(
@@ -104,17 +110,49 @@ fn kda_chunk_intra(
             sh_tg[e] = select(0.0, gam[at], ok);
         }
         workgroupBarrier();
+        // Sub-chunk references (spec 4.4): both exponents <= 0, so the off-diagonal blocks
+        // are plain dot products of pre-scaled rows, exact in range.
+        for (var e = lid; e < C * KT; e += WG) {
+            let rr = e / KT;
+            let cc = e % KT;
+            let gn = sh_tg[(rr / SUB) * SUB * KT + cc];
+            let sc = select(0.0, exp(sh_tg[e] - gn), rr < nv);
+            sh_lk[e] = sh_tk[e] * sc;
+            sh_lq[e] = sh_tq[e] * sc;
+        }
+        for (var e = lid; e < 3u * 48u * KT; e += WG) {
+            let a = e / (48u * KT) + 1u;
+            let jj = (e / KT) % 48u;
+            let cc = e % KT;
+            let n0 = a * SUB;
+            var val = 0.0;
+            if (jj < n0 && n0 < nv) {
+                val = sh_tk[jj * KT + cc] * exp(sh_tg[n0 * KT + cc] - sh_tg[jj * KT + cc]);
+            }
+            sh_rk[e] = val;
+        }
+        workgroupBarrier();
         if (r < nv) {
+            let a = r / SUB;
             for (var m = 0u; m < 16u; m++) {
                 let j = jq + 4u * m;
                 if (j <= r) {
                     var sk = 0.0;
                     var sq = 0.0;
-                    for (var cc = 0u; cc < KT; cc++) {
-                        // Pairwise exponent Gamma_r - Gamma_j <= 0 for j <= r: always in range.
-                        let kj = sh_tk[j * KT + cc] * exp(sh_tg[r * KT + cc] - sh_tg[j * KT + cc]);
-                        sk += sh_tk[r * KT + cc] * kj;
-                        sq += sh_tq[r * KT + cc] * kj;
+                    if (j / SUB == a) {
+                        for (var cc = 0u; cc < KT; cc++) {
+                            // Diagonal block: pairwise exponent Gamma_r - Gamma_j <= 0.
+                            let kj = sh_tk[j * KT + cc] * exp(sh_tg[r * KT + cc] - sh_tg[j * KT + cc]);
+                            sk += sh_tk[r * KT + cc] * kj;
+                            sq += sh_tq[r * KT + cc] * kj;
+                        }
+                    } else {
+                        let rb = ((a - 1u) * 48u + j) * KT;
+                        for (var cc = 0u; cc < KT; cc++) {
+                            let kj = sh_rk[rb + cc];
+                            sk += sh_lk[r * KT + cc] * kj;
+                            sq += sh_lq[r * KT + cc] * kj;
+                        }
                     }
                     akk[m] += sk;
                     aq[m] += sq;
