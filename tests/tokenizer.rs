@@ -466,3 +466,45 @@ fn bad_configs_and_missing_files() {
     let err = Tokenizer::from_dir(&d).unwrap_err().to_string();
     assert!(err.contains("tokenizer.json"), "{err}");
 }
+
+/// Kimi's layout at full size: 163,584 ranks, specials 163584..163839 (spec section 8: bos 163584,
+/// eos 163586, pad 163839), shared across threads.
+#[test]
+fn kimi_sized_vocabulary() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Tokenizer>();
+    let mut ranks = String::with_capacity(163_584 * 12);
+    let mut n = 0u32;
+    'fill: for len in 1..=3usize {
+        let count = 1usize << (8 * len);
+        for i in 0..count {
+            if n == 163_584 {
+                break 'fill;
+            }
+            let bytes = &(i as u32).to_be_bytes()[4 - len..];
+            ranks.push_str(&rank_line(bytes, n));
+            n += 1;
+        }
+    }
+    let d = support::scratch("tokenizer_kimi_size");
+    std::fs::write(d.join("tiktoken.model"), ranks).unwrap();
+    let config = r#"{"added_tokens_decoder": {"163584": {"content": "[BOS]"}, "163585": {"content": "[EOS]"},
+        "163586": {"content": "<|im_end|>"}, "163839": {"content": "[PAD]"}}}"#;
+    std::fs::write(d.join("tokenizer_config.json"), config).unwrap();
+    let tok = Tokenizer::from_dir(&d).unwrap();
+    assert_eq!(tok.vocab_size(), 163_840);
+    assert_eq!(tok.special_id("[BOS]"), Some(163_584));
+    assert_eq!(tok.special_id("<|im_end|>"), Some(163_586));
+    assert_eq!(tok.special_id("[PAD]"), Some(163_839));
+    assert_eq!(tok.special_name(163_700), Some("<|reserved_token_163700|>"));
+    let ids = std::thread::scope(|s| {
+        let a = s.spawn(|| tok.encode("[BOS]hi<|im_end|>", true).unwrap());
+        let b = s.spawn(|| tok.encode("[BOS]hi<|im_end|>", false).unwrap());
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    assert_eq!(
+        ids.0,
+        vec![163_584, 256 + 256 * (b'h' as u32) + b'i' as u32, 163_586]
+    );
+    assert_eq!(tok.decode(&ids.1).unwrap(), "[BOS]hi<|im_end|>");
+}
