@@ -459,3 +459,48 @@ fn omitted_mass_diagnostics_on_the_tiny_model() {
     let e = rel_l2(&with, &plain.iter().map(|&v| v as f64).collect::<Vec<_>>());
     assert!(e <= 1e-5, "diagnostics changed the output: {e}");
 }
+
+#[test]
+fn omitted_mass_report_on_the_tiny_preset() {
+    preset_report("tiny");
+}
+
+#[test]
+#[ignore = "about 60 s on lavapipe; run with --ignored"]
+fn omitted_mass_report_on_the_small_preset() {
+    preset_report("small");
+}
+
+/// The omitted-mass report on a `k31 init` preset (random weights): the first global layer
+/// over k + 40 tokens, so the last 40 rows are sparse.
+fn preset_report(preset: &str) {
+    let Some(g) = gpu() else { return };
+    {
+        let dir = support::scratch(&format!("dsa_preset_{preset}"));
+        let opt = k31_engine::init::PresetOptions { layers: None, experts: Some(4), vocab: Some(512) };
+        let config = k31_engine::init::preset_config(preset, &opt).expect("preset");
+        k31_engine::init::write_checkpoint(&dir, &config, 5, |_, _| {}).expect("write checkpoint");
+        let cfg = ModelConfig::from_path(&dir.join("config.json")).expect("config");
+        let ck = Checkpoint::open(&dir).expect("checkpoint");
+        let layer = cfg.layers.iter().position(|l| matches!(l.mixer, k31_engine::config::Mixer::Global)).expect("a global layer");
+        let prefix = format!("model.layers.{layer}.self_attn.");
+        let lookup = |n: &str| -> Option<TensorView<'_>> { ck.tensor(&format!("{prefix}{n}")) };
+        let attn = GlobalAttn::load(&g, &cfg, layer, &lookup).expect("load");
+        let k = cfg.indexer.as_ref().expect("indexer").topk;
+        let (d, t) = (cfg.hidden_size, k + 40);
+        let x: Vec<f32> = random_vec(21, t * d).iter().map(|v| v * 1.7).collect();
+        let mut cache = GlobalCache::new(&g, cfg.mla.as_ref().expect("mla"), cfg.indexer.as_ref(), t, 64).expect("cache");
+        let xb = g.storage_from("x", &x);
+        let ob = g.storage("out", (t * d * 4) as u64);
+        let mut opts = ForwardOptions { diagnostics: true, ..Default::default() };
+        let diags = attn.forward(&g, &xb, t, &mut cache, &ob, &mut opts).expect("forward");
+        let dense = summarize(layer, &diags[..k]);
+        let sparse = summarize(layer, &diags[k..]);
+        for h in 0..dense.mean.len() {
+            assert!(dense.worst[h].omitted_mass <= 1e-6 && dense.worst[h].recall == 1.0, "{preset}: dense rows omit mass");
+            let m = sparse.mean[h];
+            assert!(m.omitted_mass > 0.0 && m.omitted_mass < 1.0 && m.recall > 0.0 && m.recall <= 1.0, "{preset}: {m:?}");
+        }
+        eprintln!("{preset} layer {layer}: sparse rows, mean per head: {:?}", sparse.mean);
+    }
+}
