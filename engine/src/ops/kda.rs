@@ -69,12 +69,11 @@ impl KdaGeom {
     }
 
     fn params(&self, t_len: usize, pos: u64) -> KdaParams {
-        let mut p = self.params_raw(t_len, pos);
-        p.post_conv = self.post_conv as u32;
-        p
-    }
-
-    fn params_raw(&self, t_len: usize, pos: u64) -> KdaParams {
+        // The shader needs pos mod W and whether W - 1 earlier tokens exist: past 2^30 any
+        // value >= W with the same residue will do (keeps i32 arithmetic in range).
+        let big = 1u64 << 30;
+        let w = self.taps as u64;
+        let pos = if pos < big { pos } else { big - big % w + pos % w };
         let (gate_kind, lower_bound) = match self.gate {
             KdaGate::Bounded { lower_bound } => (0, lower_bound),
             KdaGate::Softplus => (1, 0.0),
@@ -89,6 +88,7 @@ impl KdaGeom {
             lower_bound,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
             eps: 1e-5,
+            post_conv: self.post_conv as u32,
             ..Default::default()
         }
     }
