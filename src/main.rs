@@ -3,7 +3,9 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use k31_engine::{checkpoint::Checkpoint, config::ModelConfig, gpu, init, plan};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+mod run;
 
 #[derive(Parser)]
 #[command(name = "k31", version, about = "Portable inference engine for the Kimi K3.1 hybrid architecture")]
@@ -33,6 +35,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Generate text after a prompt, streaming it as it is produced.
+    Generate(run::GenerateArgs),
+    /// Per-token log-probabilities and perplexity of a text or a token list.
+    Score(run::ScoreArgs),
     /// Write a random checkpoint in the exact K3.1 layout.
     Init {
         /// tiny (tests), small (real per-head widths), k31-slice (real K3.1 widths).
@@ -67,6 +73,8 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Devices { json } => devices(json, cli.adapter.as_deref()),
         Command::Inspect { model, context, json } => inspect(&model, context, json),
+        Command::Generate(args) => run::generate(args, cli.adapter.as_deref()),
+        Command::Score(args) => run::score(args, cli.adapter.as_deref()),
         Command::Init { preset, seed, layers, experts, vocab, out_dir } => {
             let opt = init::PresetOptions { layers, experts, vocab };
             let config = init::preset_config(&preset, &opt)?;
@@ -124,7 +132,7 @@ fn devices(json: bool, selector: Option<&str>) -> Result<()> {
     Ok(())
 }
 
-fn inspect(model: &std::path::Path, context: usize, json: bool) -> Result<()> {
+fn inspect(model: &Path, context: usize, json: bool) -> Result<()> {
     let has_weights = model.is_dir()
         && (model.join("model.safetensors").exists() || model.join("model.safetensors.index.json").exists());
     let (config, checkpoint) = if has_weights {

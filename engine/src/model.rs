@@ -229,10 +229,20 @@ impl Model {
         let mut diagnostics = Vec::new();
 
         let mut enc = g.device.create_command_encoder(&Default::default());
+        if let Some(p) = prof.as_deref_mut() {
+            p.set_scope(Some("embed".into()));
+        }
         embed(g, &mut enc, &self.embed, t, &ids, &carry, prof.as_deref_mut())?;
         let mut n_bank = 0usize;
         for layer in &self.layers {
             let l = layer.index;
+            let kind = match layer.mixer {
+                MixerWeights::Kda(_) => "kda",
+                MixerWeights::Global(_) => "global",
+            };
+            if let Some(p) = prof.as_deref_mut() {
+                p.set_scope(Some(format!("layer{l}.mixer.{kind}")));
+            }
             // Attention-side input h (spec 3.2).
             let h_in: &wgpu::Buffer = match &layer.res {
                 Some((q, _)) if n_bank > 0 => {
@@ -279,10 +289,19 @@ impl Model {
                 }
                 None => part_now,
             };
+            if let Some(p) = prof.as_deref_mut() {
+                p.set_scope(Some(format!("layer{l}.ffn.{}", match cfg.layers[l].ffn {
+                    crate::config::Ffn::Dense => "dense",
+                    crate::config::Ffn::Moe => "moe",
+                })));
+            }
             rms_norm(g, &mut enc, t, d, eps, h2, &layer.post_attention_norm, &normed, prof.as_deref_mut())?;
             layer.ffn.forward(g, &mut enc, &normed, t, &ffn_out, prof.as_deref_mut())?;
             add(g, &mut enc, td, part_now, &ffn_out, &next, prof.as_deref_mut())?;
             enc.copy_buffer_to_buffer(&next, 0, &carry, 0, (td * 4) as u64);
+        }
+        if let Some(p) = prof.as_deref_mut() {
+            p.set_scope(Some("head".into()));
         }
         let h_out: &wgpu::Buffer = match &self.output_res {
             Some(q) => {
@@ -309,6 +328,7 @@ impl Model {
         g.queue.submit([enc.finish()]);
         let logits: Vec<f32> = g.read(&logits, rows * vocab)?;
         if let Some(p) = prof.as_deref_mut() {
+            p.set_scope(None);
             p.collect(g)?;
         }
         session.advance(tokens);

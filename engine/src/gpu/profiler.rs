@@ -19,6 +19,8 @@ pub struct Profiler {
     pending: Vec<String>,
     period_ns: f64,
     totals: BTreeMap<String, OpTime>,
+    /// Prefix of the labels recorded now (e.g. the layer), joined to the kernel name by '/'.
+    scope: Option<String>,
     /// Passes that found the query set full (their time is not attributed).
     pub dropped: u64,
 }
@@ -48,6 +50,7 @@ impl Profiler {
             pending: Vec::new(),
             period_ns: gpu.queue.get_timestamp_period() as f64,
             totals: BTreeMap::new(),
+            scope: None,
             dropped: 0,
         }
     }
@@ -64,7 +67,10 @@ impl Profiler {
             self.dropped += 1;
             return None;
         }
-        self.pending.push(label.to_string());
+        self.pending.push(match &self.scope {
+            Some(s) => format!("{s}/{label}"),
+            None => label.to_string(),
+        });
         Some(wgpu::ComputePassTimestampWrites {
             query_set: set,
             beginning_of_pass_write_index: Some(2 * i),
@@ -92,6 +98,26 @@ impl Profiler {
             e.total_ns += ns;
         }
         Ok(())
+    }
+
+    /// Attributes the next passes to `scope` (None: kernel names alone).
+    pub fn set_scope(&mut self, scope: Option<String>) {
+        self.scope = scope;
+    }
+
+    /// Totals regrouped by `key(label)` (e.g. dropping the scope to get op families),
+    /// largest first.
+    pub fn report_by(&self, key: impl Fn(&str) -> String) -> Vec<OpTime> {
+        let mut m: BTreeMap<String, OpTime> = BTreeMap::new();
+        for t in self.totals.values() {
+            let k = key(&t.label);
+            let e = m.entry(k.clone()).or_insert_with(|| OpTime { label: k, ..Default::default() });
+            e.count += t.count;
+            e.total_ns += t.total_ns;
+        }
+        let mut v: Vec<OpTime> = m.into_values().collect();
+        v.sort_by(|a, b| b.total_ns.total_cmp(&a.total_ns));
+        v
     }
 
     /// Totals per label, largest first.

@@ -1,0 +1,139 @@
+//! Whole-model decode and prefill on a checkpoint (the `k31-slice` preset: real K3.1
+//! widths): per-layer-type decode time next to its bandwidth floor (weight bytes read /
+//! copy bandwidth measured in the same run), prefill tokens/s, and the per-token decode
+//! time of the full 93-layer K3.1 extrapolated from the measured layer types.
+//! Run: `cargo bench --bench model -- --model DIR [--prompt-tokens N] [--decode-tokens N] [--json FILE]`
+
+use k31_engine::bench::copy_bandwidth;
+use k31_engine::checkpoint::Checkpoint;
+use k31_engine::config::ModelConfig;
+use k31_engine::gpu::{Gpu, Profiler};
+use k31_engine::layout::{expected_tensors, Role};
+use k31_engine::model::{Hooks, LogitsFor, Model};
+use std::collections::BTreeMap;
+
+fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).and_then(|v| v.parse().ok())
+}
+
+/// Weight bytes one decode token reads per (layer, part), part = "mixer" or "ffn".
+fn bytes_read(cfg: &ModelConfig) -> BTreeMap<(usize, &'static str), f64> {
+    let mut m = BTreeMap::new();
+    let frac = cfg.moe.as_ref().map_or(1.0, |e| e.experts_per_token as f64 / e.num_experts as f64);
+    for t in expected_tensors(cfg) {
+        let Some(l) = t.layer else { continue };
+        let part = if t.name.contains(".self_attn.") { "mixer" } else if t.name.contains(".mlp.") || t.name.contains(".block_sparse_moe.") { "ffn" } else { continue };
+        let b = t.canonical_bytes() as f64;
+        let b = match t.role {
+            Role::ExpertPacked | Role::ExpertScale | Role::ExpertDense => b * frac,
+            _ => b,
+        };
+        *m.entry((l, part)).or_insert(0.0) += b;
+    }
+    m
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let dir: String = arg(&args, "--model").ok_or_else(|| anyhow::anyhow!("--model DIR is required"))?;
+    let prompt_n: usize = arg(&args, "--prompt-tokens").unwrap_or(512);
+    let decode_n: usize = arg(&args, "--decode-tokens").unwrap_or(16);
+    let json_out: Option<String> = arg(&args, "--json");
+    let gpu = Gpu::open(None)?;
+    println!("GPU: {}", gpu.describe());
+    let copy = copy_bandwidth(&gpu, 1 << 30)?;
+    println!("copy bandwidth: {:.1} GB/s", copy / 1e9);
+    let ck = Checkpoint::open(std::path::Path::new(&dir))?;
+    let t = std::time::Instant::now();
+    let model = Model::load(gpu.clone(), &ck, prompt_n + decode_n + 8, &k31_engine::layers::load_ffn, |_, _| {})?;
+    println!("loaded {} in {:.1} s", dir, t.elapsed().as_secs_f64());
+    let cfg = model.config.clone();
+    let ids: Vec<u32> = (0..prompt_n as u32).map(|i| (i * 7919 + 13) % cfg.vocab_size as u32).collect();
+
+    // Prefill (one warm-up run, then the timed one).
+    let mut s = model.new_session()?;
+    model.forward(&mut s, &ids[..prompt_n.min(64)], LogitsFor::Last, &mut Hooks::default())?;
+    let mut s = model.new_session()?;
+    let t = std::time::Instant::now();
+    for chunk in ids.chunks(k31_engine::plan::PREFILL_CHUNK) {
+        model.forward(&mut s, chunk, LogitsFor::Last, &mut Hooks::default())?;
+    }
+    let prefill_s = t.elapsed().as_secs_f64();
+    println!("prefill {prompt_n} tokens: {:.3} s = {:.1} tokens/s", prefill_s, prompt_n as f64 / prefill_s);
+
+    // Decode with per-layer GPU time.
+    let mut prof = Profiler::new(&gpu, 2048);
+    let mut wall = Vec::new();
+    let mut next = 1u32;
+    for i in 0..decode_n {
+        let t = std::time::Instant::now();
+        let profiler = if i > 0 { Some(&mut prof) } else { None };
+        let out = model.forward(&mut s, &[next], LogitsFor::Last, &mut Hooks { profiler, ..Default::default() })?;
+        if i > 0 {
+            wall.push(t.elapsed().as_secs_f64());
+        }
+        next = k31_engine::sample::argmax(&out.logits).unwrap_or(0);
+    }
+    let steps = (decode_n - 1).max(1) as f64;
+    wall.sort_by(f64::total_cmp);
+    let wall_med = wall.get(wall.len() / 2).copied().unwrap_or(0.0);
+    let per_scope = prof.report_by(|l| l.split('/').next().unwrap_or(l).to_string());
+    let bytes = bytes_read(&cfg);
+    let mut rows = Vec::new();
+    let mut by_kind: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
+    println!("{:<28} {:>10} {:>10} {:>8}", "layer part", "GPU us", "floor us", "x floor");
+    for op in &per_scope {
+        let us = op.total_ns / steps / 1e3;
+        let (floor_us, kind) = match op.label.strip_prefix("layer").and_then(|r| r.split_once('.')) {
+            Some((l, rest)) => {
+                let l: usize = l.parse().unwrap_or(0);
+                let part = if rest.starts_with("mixer") { "mixer" } else { "ffn" };
+                (bytes.get(&(l, part)).copied().unwrap_or(0.0) / copy * 1e6, rest.to_string())
+            }
+            // The head reads lm_head; the embedding one row.
+            None if op.label == "head" => ((cfg.vocab_size * cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone()),
+            None => ((cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone()),
+        };
+        println!("{:<28} {:>10.1} {:>10.1} {:>8.2}", op.label, us, floor_us, if floor_us > 0.0 { us / floor_us } else { 0.0 });
+        let e = by_kind.entry(kind).or_insert((0.0, 0.0, 0));
+        e.0 += us;
+        e.1 += floor_us;
+        e.2 += 1;
+        rows.push(serde_json::json!({"scope": op.label, "gpu_us": us, "floor_us": floor_us}));
+    }
+    // Extrapolate to the full K3.1: per-type mean times x the counts of the real schedule.
+    let full = ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?;
+    let count = |m: k31_engine::config::Mixer| full.count_mixer(m) as f64;
+    let mean = |k: &str| by_kind.get(k).map(|(us, fl, n)| (us / *n as f64, fl / *n as f64));
+    let mut total = (0.0, 0.0);
+    for (kind, n) in [
+        ("mixer.kda", count(k31_engine::config::Mixer::Kda)),
+        ("mixer.global", count(k31_engine::config::Mixer::Global)),
+        ("ffn.dense", 1.0),
+        ("ffn.moe", (full.num_layers() - 1) as f64),
+        ("head", 1.0),
+        ("embed", 1.0),
+    ] {
+        if let Some((us, fl)) = mean(kind) {
+            total.0 += us * n;
+            total.1 += fl * n;
+            println!("full K3.1: {kind:<14} x {n:>3}: {:>9.1} us (floor {:>9.1} us)", us * n, fl * n);
+        }
+    }
+    println!(
+        "decode: wall {:.2} ms/token here; full 93-layer K3.1 extrapolated GPU time {:.2} ms/token vs floor {:.2} ms ({:.2}x)",
+        wall_med * 1e3,
+        total.0 / 1e3,
+        total.1 / 1e3,
+        if total.1 > 0.0 { total.0 / total.1 } else { 0.0 }
+    );
+    if let Some(path) = json_out {
+        let v = serde_json::json!({
+            "gpu": gpu.describe(), "copy_gbs": copy / 1e9, "prefill_tokens": prompt_n, "prefill_s": prefill_s,
+            "decode_wall_ms": wall_med * 1e3, "rows": rows,
+            "full_model_decode_ms": total.0 / 1e3, "full_model_floor_ms": total.1 / 1e3,
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,259 @@
+//! `k31 generate` and `k31 score`: load a model, run it, print text or numbers.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use k31_engine::checkpoint::Checkpoint;
+use k31_engine::generate::{self, GenerateOptions, Metrics, StopReason};
+use k31_engine::gpu::{Gpu, Profiler};
+use k31_engine::model::{Hooks, Model};
+use k31_engine::sample::{Sampler, SamplingParams};
+use k31_engine::tokenizer::{Tokenizer, Utf8Stream};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// Model directory: config.json, safetensors, tiktoken.model or tokenizer.json.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Context length to allocate caches for (default: the smaller of the model's
+    /// maximum and 32768).
+    #[arg(long)]
+    pub context: Option<usize>,
+    /// Print prefill/decode speed, memory and GPU time per op family.
+    #[arg(long)]
+    pub metrics: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[arg(long)]
+    pub prompt: String,
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when this text appears (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+    /// Machine-readable output (one JSON object at the end).
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ScoreArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// A UTF-8 text file to tokenise and score.
+    #[arg(long, conflicts_with = "token_ids")]
+    pub text: Option<PathBuf>,
+    /// A JSON file holding a flat array of token ids, e.g. [312, 17, 5].
+    #[arg(long)]
+    pub token_ids: Option<PathBuf>,
+    /// Write a safetensors file with `logits` [T, vocab] f32, one row per input position.
+    #[arg(long)]
+    pub dump_logits: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+struct Loaded {
+    gpu: Arc<Gpu>,
+    model: Model,
+    tokenizer: Option<Tokenizer>,
+}
+
+fn load(args: &ModelArgs, adapter: Option<&str>, need_tokenizer: bool) -> Result<Loaded> {
+    if !args.model.join("config.json").exists() {
+        bail!("{} has no config.json: give a model directory (for a test model: `k31 init --preset tiny DIR`)", args.model.display());
+    }
+    let ck = Checkpoint::open(&args.model)?;
+    let tokenizer = match Tokenizer::from_dir(&args.model) {
+        Ok(t) => Some(t),
+        Err(e) if need_tokenizer => return Err(e).context(format!("loading the tokenizer of {}", args.model.display())),
+        Err(_) => None,
+    };
+    let gpu = Gpu::open(adapter)?;
+    let context = args.context.unwrap_or(ck.config.max_position_embeddings.min(32768));
+    if context == 0 || context > ck.config.max_position_embeddings {
+        bail!("--context {context} must be in 1..={} (max_position_embeddings)", ck.config.max_position_embeddings);
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("loading {bar:40} {pos}/{len} layers {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let model = Model::load(gpu.clone(), &ck, context, &k31_engine::layers::load_ffn, |done, total| {
+        bar.set_length(total as u64);
+        bar.set_position(done as u64);
+    })?;
+    bar.finish_and_clear();
+    Ok(Loaded { gpu, model, tokenizer })
+}
+
+pub fn generate(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        repetition_penalty: args.repetition_penalty,
+        seed: args.seed,
+    };
+    let mut sampler = Sampler::new(params)?;
+    if args.prompt.is_empty() {
+        bail!("the prompt is empty: give some text with --prompt");
+    }
+    let Loaded { gpu, model, tokenizer } = load(&args.model, adapter, true)?;
+    let tok = tokenizer.context("this model has no tokenizer")?;
+    let prompt = tok.encode(&args.prompt, false)?;
+    if prompt.len() > model.max_context {
+        bail!("the prompt is {} tokens but the context is {} (raise --context, up to max_position_embeddings)", prompt.len(), model.max_context);
+    }
+    let mut session = model.new_session()?;
+    let mut profiler = args.model.metrics.then(|| Profiler::new(&gpu, 2048));
+    let mut opts = GenerateOptions {
+        max_tokens: args.max_tokens,
+        stop_strings: args.stop.clone(),
+        eos: model.config.eos_token_id,
+        sink: None,
+        diagnostics: false,
+        profiler: profiler.as_mut(),
+    };
+    let mut stream = Utf8Stream::new();
+    let mut text = String::new();
+    let stdout = std::io::stdout();
+    let json = args.json;
+    let stops = args.stop.clone();
+    let (ids, reason, mut metrics) = generate::generate(&model, &mut session, &prompt, &mut sampler, &mut opts, |id| {
+        let piece = tok.decode_bytes(&[id]).map(|b| stream.push(&b)).unwrap_or_default();
+        text.push_str(&piece);
+        if !json {
+            let mut out = stdout.lock();
+            let _ = out.write_all(piece.as_bytes());
+            let _ = out.flush();
+        }
+        stops.iter().find(|s| text.contains(s.as_str())).map(|s| StopReason::StopString(s.clone()))
+    })?;
+    text.push_str(&stream.finish());
+    if let StopReason::StopString(s) = &reason {
+        if let Some(i) = text.find(s.as_str()) {
+            text.truncate(i);
+        }
+    }
+    if let Some(p) = profiler.as_mut() {
+        p.collect(&gpu)?;
+        metrics.gpu_seconds_by_op = p.report_by(op_family).into_iter().map(|t| (t.label, t.total_ns * 1e-9)).collect();
+    }
+    if json {
+        let v = serde_json::json!({
+            "prompt_tokens": prompt, "tokens": ids, "text": text, "stop_reason": reason,
+            "metrics": if args.model.metrics { serde_json::to_value(&metrics)? } else { serde_json::Value::Null },
+        });
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        println!();
+        if args.model.metrics {
+            print_metrics(&metrics);
+        }
+    }
+    Ok(())
+}
+
+/// The kernel name of a scoped profiler label ("layer3.mixer.global/topk" -> "topk").
+fn op_family(label: &str) -> String {
+    label.rsplit('/').next().unwrap_or(label).to_string()
+}
+
+fn print_metrics(m: &Metrics) {
+    eprintln!(
+        "prefill {} tokens in {:.3} s ({:.1} tokens/s); decode {} tokens in {:.3} s ({:.2} tokens/s)",
+        m.prompt_tokens, m.prefill_seconds, m.prefill_tokens_per_second, m.generated_tokens, m.decode_seconds, m.decode_tokens_per_second
+    );
+    eprintln!("global cache {} B, KDA state {} B", m.cache_bytes, m.kda_state_bytes);
+    for (op, s) in &m.gpu_seconds_by_op {
+        eprintln!("  {op:<32} {:>10.3} ms", s * 1e3);
+    }
+}
+
+fn read_ids(path: &Path) -> Result<Vec<u32>> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?;
+    let arr = v.as_array().with_context(|| format!("{} must hold a flat JSON array of token ids", path.display()))?;
+    arr.iter()
+        .enumerate()
+        .map(|(i, x)| {
+            x.as_u64().filter(|&n| n <= u32::MAX as u64).map(|n| n as u32).with_context(|| {
+                format!("{}: element {i} ({x}) is not a non-negative integer token id", path.display())
+            })
+        })
+        .collect()
+}
+
+pub fn score(args: ScoreArgs, adapter: Option<&str>) -> Result<()> {
+    let ids_from_file = match &args.token_ids {
+        Some(p) => Some(read_ids(p)?),
+        None => None,
+    };
+    if ids_from_file.is_none() && args.text.is_none() {
+        bail!("give --text FILE or --token-ids FILE.json");
+    }
+    let Loaded { gpu, model, tokenizer } = load(&args.model, adapter, ids_from_file.is_none())?;
+    let ids = match (ids_from_file, &args.text) {
+        (Some(ids), _) => ids,
+        (None, Some(path)) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            tokenizer.context("this model has no tokenizer")?.encode(&text, false)?
+        }
+        (None, None) => unreachable!("checked above"),
+    };
+    if ids.is_empty() {
+        bail!("nothing to score: the input has no tokens");
+    }
+    if let Some((i, &bad)) = ids.iter().enumerate().find(|(_, id)| **id as usize >= model.config.vocab_size) {
+        bail!("token id {bad} at index {i} is outside the vocabulary of {}", model.config.vocab_size);
+    }
+    if ids.len() > model.max_context {
+        bail!("{} tokens exceed the context of {} (raise --context)", ids.len(), model.max_context);
+    }
+    let mut session = model.new_session()?;
+    let mut profiler = args.model.metrics.then(|| Profiler::new(&gpu, 2048));
+    let t0 = std::time::Instant::now();
+    let scores = generate::score(&model, &mut session, &ids, &mut Hooks { profiler: profiler.as_mut(), ..Default::default() })?;
+    let secs = t0.elapsed().as_secs_f64();
+    if let Some(path) = &args.dump_logits {
+        let shape = vec![ids.len(), model.config.vocab_size];
+        let bytes: &[u8] = bytemuck::cast_slice(&scores.logits);
+        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, bytes)?;
+        safetensors::serialize_to_file([("logits", view)], None, path).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.json {
+        let v = serde_json::json!({"tokens": ids, "logprobs": scores.logprobs, "perplexity": scores.perplexity});
+        println!("{}", serde_json::to_string(&v)?);
+    } else {
+        for (i, lp) in scores.logprobs.iter().enumerate() {
+            println!("{:>6} {:>8} {lp:>12.5}", i + 1, ids[i + 1]);
+        }
+        println!("perplexity {:.4} over {} predicted tokens", scores.perplexity, scores.logprobs.len());
+    }
+    if let Some(p) = profiler.as_mut() {
+        p.collect(&gpu)?;
+        eprintln!("scored {} tokens in {secs:.3} s ({:.1} tokens/s)", ids.len(), ids.len() as f64 / secs);
+        for t in p.report_by(op_family) {
+            eprintln!("  {:<32} {:>10.3} ms", t.label, t.total_ns * 1e-6);
+        }
+    }
+    Ok(())
+}
