@@ -37,6 +37,9 @@ enum Command {
     },
     /// Generate text after a prompt, streaming it as it is produced.
     Generate(run::GenerateArgs),
+    /// Generate while a window draws, live, which positions each global layer's indexer
+    /// selected for every token.
+    View(run::ViewArgs),
     /// Per-token log-probabilities and perplexity of a text or a token list.
     Score(run::ScoreArgs),
     /// Write a random checkpoint in the exact K3.1 layout.
@@ -75,6 +78,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Inspect { model, context, json } => inspect(&model, context, json),
         Command::Generate(args) => run::generate(args, cli.adapter.as_deref()),
         Command::Score(args) => run::score(args, cli.adapter.as_deref()),
+        Command::View(args) => run::view(args, cli.adapter.as_deref()),
         Command::Init { preset, seed, layers, experts, vocab, out_dir } => {
             let opt = init::PresetOptions { layers, experts, vocab };
             let config = init::preset_config(&preset, &opt)?;

@@ -8,8 +8,12 @@ use k31_engine::gpu::{Gpu, Profiler};
 use k31_engine::model::{Hooks, Model};
 use k31_engine::sample::{Sampler, SamplingParams};
 use k31_engine::tokenizer::{Tokenizer, Utf8Stream};
+use k31_engine::trace::{Selection, SelectionSink};
+use k31_viewer::{run_window, spawn_png_export, Flow, FrameSink, GenControl, LayerFigures, PngExportOptions, TraceWriter, ViewerOptions};
+use std::cell::RefCell;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 
 #[derive(Args, Clone, Debug)]
@@ -51,6 +55,28 @@ pub struct GenerateArgs {
     /// Machine-readable output (one JSON object at the end).
     #[arg(long)]
     pub json: bool,
+    /// Write every global layer's selected positions per token as JSON lines (docs/formats.md).
+    #[arg(long)]
+    pub selection_trace: Option<PathBuf>,
+    /// Render the final selection heatmap to this PNG.
+    #[arg(long)]
+    pub selection_png: Option<PathBuf>,
+    /// With --selection-png: also write a numbered frame every N tokens.
+    #[arg(long, requires = "selection_png")]
+    pub selection_png_every: Option<usize>,
+    /// Also compute dense attention in the sparse layers and report, per layer and head,
+    /// the softmax mass the selection omitted, the output error and the indexer's recall.
+    #[arg(long)]
+    pub omitted_mass: bool,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ViewArgs {
+    #[command(flatten)]
+    pub generate: GenerateArgs,
+    /// Close the window when generation ends (scripts and tests).
+    #[arg(long)]
+    pub exit_when_done: bool,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -104,7 +130,71 @@ fn load(args: &ModelArgs, adapter: Option<&str>, need_tokenizer: bool) -> Result
     Ok(Loaded { gpu, model, tokenizer })
 }
 
+/// Fans selections out to the viewer frames and the trace file; shared with the per-token
+/// callback (which closes each step) through `Rc<RefCell<..>>`.
+#[derive(Default)]
+struct Sinks {
+    frames: Option<FrameSink>,
+    trace: Option<TraceWriter>,
+}
+
+impl Sinks {
+    fn any(&self) -> bool {
+        self.frames.is_some() || self.trace.is_some()
+    }
+    fn end_step(&mut self, text: &dyn Fn(usize) -> String) {
+        if let Some(f) = &mut self.frames {
+            f.end_step(text);
+        }
+        if let Some(t) = &mut self.trace {
+            t.end_step(text);
+        }
+    }
+}
+
+struct SharedSinks(Rc<RefCell<Sinks>>);
+
+impl SelectionSink for SharedSinks {
+    fn wants(&self, layer: usize) -> bool {
+        let s = self.0.borrow();
+        s.frames.as_ref().is_some_and(|f| f.wants(layer)) || s.trace.as_ref().is_some_and(|t| t.wants(layer))
+    }
+    fn record(&mut self, sel: Selection<'_>) {
+        let mut s = self.0.borrow_mut();
+        if let Some(f) = &mut s.frames {
+            if f.wants(sel.layer) {
+                f.record(sel);
+            }
+        }
+        if let Some(t) = &mut s.trace {
+            if t.wants(sel.layer) {
+                t.record(sel);
+            }
+        }
+    }
+}
+
 pub fn generate(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
+    let loaded = load(&args.model, adapter, true)?;
+    run_generation(args, loaded, None, None)
+}
+
+/// `k31 view`: generation on a worker thread, the window on this (main) thread.
+pub fn view(args: ViewArgs, adapter: Option<&str>) -> Result<()> {
+    let loaded = load(&args.generate.model, adapter, true)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (ctl_tx, ctl) = GenControl::channel();
+    let gen_args = args.generate.clone();
+    let worker = std::thread::spawn(move || run_generation(gen_args, loaded, Some(FrameSink::new(tx)), Some(ctl)));
+    let opts = ViewerOptions { exit_when_done: args.exit_when_done, ..Default::default() };
+    let summary = run_window(rx, Some(ctl_tx), opts);
+    let generated = worker.join().map_err(|_| anyhow::anyhow!("the generation thread panicked"))?;
+    let summary = summary?;
+    eprintln!("viewer: {} frames drawn on {}", summary.frames_drawn, summary.adapter);
+    generated
+}
+
+fn run_generation(args: GenerateArgs, loaded: Loaded, window: Option<FrameSink>, mut control: Option<GenControl>) -> Result<()> {
     let params = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -116,20 +206,45 @@ pub fn generate(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
     if args.prompt.is_empty() {
         bail!("the prompt is empty: give some text with --prompt");
     }
-    let Loaded { gpu, model, tokenizer } = load(&args.model, adapter, true)?;
+    let Loaded { gpu, model, tokenizer } = loaded;
     let tok = tokenizer.context("this model has no tokenizer")?;
     let prompt = tok.encode(&args.prompt, false)?;
+    if prompt.is_empty() {
+        bail!("the prompt encodes to no tokens");
+    }
     if prompt.len() > model.max_context {
         bail!("the prompt is {} tokens but the context is {} (raise --context, up to max_position_embeddings)", prompt.len(), model.max_context);
     }
     let mut session = model.new_session()?;
     let mut profiler = args.model.metrics.then(|| Profiler::new(&gpu, 2048));
+
+    let sinks = Rc::new(RefCell::new(Sinks::default()));
+    let mut png_export = None;
+    {
+        let mut s = sinks.borrow_mut();
+        s.frames = window;
+        if let Some(path) = &args.selection_png {
+            let mut o = PngExportOptions::new(path.clone());
+            o.every = args.selection_png_every;
+            let (tx, handle) = spawn_png_export(o);
+            match &mut s.frames {
+                Some(f) => f.add(tx),
+                None => s.frames = Some(FrameSink::new(tx)),
+            }
+            png_export = Some(handle);
+        }
+        if let Some(path) = &args.selection_trace {
+            s.trace = Some(TraceWriter::create(path)?);
+        }
+    }
+    let mut shared = SharedSinks(sinks.clone());
+    let listening = sinks.borrow().any();
     let mut opts = GenerateOptions {
         max_tokens: args.max_tokens,
         stop_strings: args.stop.clone(),
         eos: model.config.eos_token_id,
-        sink: None,
-        diagnostics: false,
+        sink: if listening { Some(&mut shared) } else { None },
+        diagnostics: args.omitted_mass,
         profiler: profiler.as_mut(),
     };
     let mut stream = Utf8Stream::new();
@@ -137,7 +252,12 @@ pub fn generate(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
     let stdout = std::io::stdout();
     let json = args.json;
     let stops = args.stop.clone();
+    let all_tokens = RefCell::new(prompt.clone());
+    let token_text = |p: usize| all_tokens.borrow().get(p).and_then(|&id| tok.token_text(id).ok()).unwrap_or_default();
     let (ids, reason, mut metrics) = generate::generate(&model, &mut session, &prompt, &mut sampler, &mut opts, |id| {
+        // Selections of the forward that produced this token are complete now.
+        sinks.borrow_mut().end_step(&token_text);
+        all_tokens.borrow_mut().push(id);
         let piece = tok.decode_bytes(&[id]).map(|b| stream.push(&b)).unwrap_or_default();
         text.push_str(&piece);
         if !json {
@@ -145,8 +265,36 @@ pub fn generate(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
             let _ = out.write_all(piece.as_bytes());
             let _ = out.flush();
         }
+        if let Some(c) = control.as_mut() {
+            if c.next_step() == Flow::Stop {
+                return Some(StopReason::MaxTokens);
+            }
+        }
         stops.iter().find(|s| text.contains(s.as_str())).map(|s| StopReason::StopString(s.clone()))
     })?;
+    drop(opts);
+    {
+        let mut s = sinks.borrow_mut();
+        s.end_step(&token_text);
+        if let Some(f) = &mut s.frames {
+            if args.omitted_mass {
+                f.figures(figures(&metrics));
+            }
+            f.finish();
+        }
+        if let Some(t) = s.trace.take() {
+            if args.omitted_mass {
+                let mut t = t;
+                t.write_figures(&figures(&metrics));
+                t.finish()?;
+            } else {
+                t.finish()?;
+            }
+        }
+    }
+    if let Some(h) = png_export {
+        h.join().map_err(|_| anyhow::anyhow!("the PNG export thread panicked"))??;
+    }
     text.push_str(&stream.finish());
     if let StopReason::StopString(s) = &reason {
         if let Some(i) = text.find(s.as_str()) {
@@ -161,6 +309,7 @@ pub fn generate(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
         let v = serde_json::json!({
             "prompt_tokens": prompt, "tokens": ids, "text": text, "stop_reason": reason,
             "metrics": if args.model.metrics { serde_json::to_value(&metrics)? } else { serde_json::Value::Null },
+            "omitted_mass": if args.omitted_mass { serde_json::to_value(&metrics.omitted_mass)? } else { serde_json::Value::Null },
         });
         println!("{}", serde_json::to_string(&v)?);
     } else {
@@ -168,8 +317,43 @@ pub fn generate(args: GenerateArgs, adapter: Option<&str>) -> Result<()> {
         if args.model.metrics {
             print_metrics(&metrics);
         }
+        if args.omitted_mass {
+            print_omitted_mass(&metrics);
+        }
     }
     Ok(())
+}
+
+/// Per-layer means over heads, for the viewer's figures panel and the trace.
+fn figures(m: &Metrics) -> Vec<LayerFigures> {
+    m.omitted_mass
+        .iter()
+        .map(|s| {
+            let n = s.mean.len().max(1) as f32;
+            LayerFigures {
+                layer: s.layer,
+                epsilon: s.mean.iter().map(|h| h.omitted_mass).sum::<f32>() / n,
+                error: s.mean.iter().map(|h| h.rel_err).sum::<f32>() / n,
+                recall: s.mean.iter().map(|h| h.recall).sum::<f32>() / n,
+            }
+        })
+        .collect()
+}
+
+fn print_omitted_mass(m: &Metrics) {
+    if m.omitted_mass.is_empty() {
+        eprintln!("omitted mass: no sparse rows yet (every query so far fits in index_topk, so attention was exact)");
+    }
+    for s in &m.omitted_mass {
+        eprintln!("layer {} over {} query rows (mean per head: omitted mass / relative error / recall of dense top-k):", s.layer, s.tokens);
+        for (h, d) in s.mean.iter().enumerate() {
+            let w = &s.worst[h];
+            eprintln!(
+                "  head {h:>3}: {:.4} / {:.4} / {:.3}   (worst {:.4} / {:.4} / {:.3})",
+                d.omitted_mass, d.rel_err, d.recall, w.omitted_mass, w.rel_err, w.recall
+            );
+        }
+    }
 }
 
 /// The kernel name of a scoped profiler label ("layer3.mixer.global/topk" -> "topk").

@@ -3,6 +3,7 @@
 //! the token budget. Also scoring (per-token log-probabilities of a given sequence).
 
 use crate::gpu::Profiler;
+use crate::layers::global_attn::{summarize, DiagnosticsSummary, TokenDiagnostics};
 use crate::model::{Hooks, LogitsFor, Model, ModelError};
 use crate::plan::PREFILL_CHUNK;
 use crate::sample::{log_softmax, Sampler};
@@ -32,6 +33,8 @@ pub struct Metrics {
     pub kda_state_bytes: u64,
     /// GPU time per op family (from timestamp queries), seconds.
     pub gpu_seconds_by_op: Vec<(String, f64)>,
+    /// Omitted-mass diagnostics per sparse global layer (when asked for).
+    pub omitted_mass: Vec<DiagnosticsSummary>,
 }
 
 /// Everything a generation call can observe or control.
@@ -79,12 +82,20 @@ pub fn generate(
             session.position
         )));
     }
+    if prompt.is_empty() {
+        return Err(ModelError::Input("the prompt is empty: give at least one token".into()));
+    }
     let mut metrics = Metrics { prompt_tokens: prompt.len(), ..Default::default() };
+    let mut diagnostics: Vec<TokenDiagnostics> = Vec::new();
     let t0 = Instant::now();
-    let mut logits = {
+    let mut logits = Vec::new();
+    for chunk in prompt.chunks(PREFILL_CHUNK) {
         let mut hooks = Hooks { sink: opts.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }), diagnostics: opts.diagnostics, profiler: opts.profiler.as_deref_mut() };
-        prefill(model, session, prompt, &mut hooks)?
-    };
+        let f = model.forward(session, chunk, LogitsFor::Last, &mut hooks)?;
+        diagnostics.extend(f.diagnostics);
+        logits = f.logits;
+    }
+
     metrics.prefill_seconds = t0.elapsed().as_secs_f64();
     let mut out = Vec::new();
     let mut decode_time = Duration::ZERO;
@@ -108,8 +119,10 @@ pub fn generate(
         }
         let t = Instant::now();
         let mut hooks = Hooks { sink: opts.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }), diagnostics: opts.diagnostics, profiler: opts.profiler.as_deref_mut() };
-        logits = model.forward(session, &[next], LogitsFor::Last, &mut hooks)?.logits;
+        let f = model.forward(session, &[next], LogitsFor::Last, &mut hooks)?;
         decode_time += t.elapsed();
+        diagnostics.extend(f.diagnostics);
+        logits = f.logits;
     };
     metrics.generated_tokens = out.len();
     metrics.decode_seconds = decode_time.as_secs_f64();
@@ -117,6 +130,13 @@ pub fn generate(
     // The first token comes from the prefill logits; the others each cost a decode step.
     let steps = out.len().saturating_sub(1).max(1);
     metrics.decode_tokens_per_second = if out.len() > 1 { steps as f64 / metrics.decode_seconds.max(1e-9) } else { 0.0 };
+    let mut layers: Vec<usize> = diagnostics.iter().map(|d| d.layer).collect();
+    layers.sort();
+    layers.dedup();
+    metrics.omitted_mass = layers
+        .into_iter()
+        .map(|l| summarize(l, &diagnostics.iter().filter(|d| d.layer == l).cloned().collect::<Vec<_>>()))
+        .collect();
     metrics.cache_bytes = session.cache_bytes();
     metrics.kda_state_bytes = session.kda_bytes();
     Ok((out, reason, metrics))
