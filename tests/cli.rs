@@ -200,3 +200,42 @@ fn score_dumps_the_reference_logits() {
     std::fs::write(&ids_file, "[1, -2]").expect("write");
     assert_clean_failure(&k31(&["score", "--model", model.to_str().expect("utf-8"), "--token-ids", ids_file.to_str().expect("utf-8")]), "element 1");
 }
+
+#[test]
+fn selection_outputs_do_not_change_tokens() {
+    if support::gpu().is_none() {
+        return;
+    }
+    let d = init_tiny("cli-selection");
+    let dir = support::scratch("cli-selection-out");
+    let trace = dir.join("trace.jsonl");
+    let png = dir.join("heat.png");
+    let base = ["generate", "--model", &d, "--prompt", "one two three four", "--max-tokens", "3", "--json"];
+    let plain: serde_json::Value = serde_json::from_str(stdout(&k31(&base)).trim()).expect("JSON");
+    let mut with_sinks: Vec<&str> = base.to_vec();
+    let (t, p) = (trace.to_str().expect("utf-8"), png.to_str().expect("utf-8"));
+    with_sinks.extend(["--selection-trace", t, "--selection-png", p, "--omitted-mass"]);
+    let o = k31(&with_sinks);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let traced: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("JSON");
+    assert_eq!(traced["tokens"], plain["tokens"], "a selection sink must not change generation");
+    assert!(traced["omitted_mass"].is_array());
+    let t = k31_viewer::read_trace(&trace).expect("trace reads back");
+    let prompt_len = plain["prompt_tokens"].as_array().expect("ids").len();
+    // 2 global layers x (prompt + 2 decoded positions; the last token is never fed back).
+    assert_eq!(t.selections.len(), 2 * (prompt_len + 2), "one selection per global layer per position");
+    let (w, h, _) = k31_viewer::read_png(&png).expect("PNG");
+    assert!(w > 0 && h > 0);
+}
+
+#[test]
+fn view_opens_a_window_under_x() {
+    if support::gpu().is_none() || std::env::var_os("DISPLAY").is_none() {
+        eprintln!("skipping: no DISPLAY (CI runs this under xvfb-run)");
+        return;
+    }
+    let d = init_tiny("cli-view");
+    let o = k31(&["view", "--model", &d, "--prompt", "a b c", "--max-tokens", "2", "--exit-when-done"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("frames drawn"), "{}", stderr(&o));
+}
