@@ -194,9 +194,61 @@ impl Gpu {
         self.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| GpuError::Readback(e.to_string()))
     }
 
-    /// Records one compute pass of `kernel`: `params` as the uniform at binding 0, `buffers`
-    /// at their bindings, `groups.0` workgroups (folded into 2-D past the per-dimension
-    /// limit) times `groups.1` in z. The pass is labelled and timed by the kernel name.
+    /// Records one labelled (and, with a profiler, timed) compute pass of `kernel` with
+    /// `entries` bound at their binding numbers, over exactly `groups` workgroups.
+    pub fn record(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        kernel: &Kernel,
+        entries: &[(u32, &wgpu::Buffer)],
+        groups: [u32; 3],
+        profiler: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        let max = self.caps.max_workgroups_per_dim;
+        if groups.iter().any(|&g| g > max) {
+            return Err(GpuError::Shape(format!("{}: grid {groups:?} exceeds {max} workgroups per dimension", kernel.name)));
+        }
+        let pipeline = self.pipelines.get(self, kernel)?;
+        let e: Vec<wgpu::BindGroupEntry> =
+            entries.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
+        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &e,
+        });
+        let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        Ok(())
+    }
+
+    /// [`Gpu::record`] with `uniform` at binding 0 and `buffers` at theirs, over `groups.0`
+    /// workgroups (folded into 2-D past the per-dimension limit) or, when `groups.1 > 1`,
+    /// an explicit `groups.0 x groups.1` grid.
+    pub fn record_with_uniform(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        kernel: &Kernel,
+        uniform: &wgpu::Buffer,
+        buffers: &[(u32, &wgpu::Buffer)],
+        groups: (u32, u32),
+        profiler: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        let mut entries = Vec::with_capacity(buffers.len() + 1);
+        entries.push((0, uniform));
+        entries.extend_from_slice(buffers);
+        let grid = if groups.1 > 1 {
+            [groups.0.max(1), groups.1, 1]
+        } else {
+            let (gx, gy) = self.grid(groups.0);
+            [gx, gy, 1]
+        };
+        self.record(enc, kernel, &entries, grid, profiler)
+    }
+
+    /// [`Gpu::record_with_uniform`] with a fresh uniform holding `params`.
     pub fn dispatch<P: bytemuck::Pod>(
         &self,
         enc: &mut wgpu::CommandEncoder,
@@ -206,22 +258,8 @@ impl Gpu {
         groups: (u32, u32),
         profiler: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
-        let pipeline = self.pipelines.get(self, kernel)?;
         let uniform = self.uniform(kernel.name, params);
-        let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
-        entries.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }));
-        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.name),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
-        let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind, &[]);
-        let (gx, gy) = self.grid(groups.0);
-        pass.dispatch_workgroups(gx, gy, groups.1.max(1));
-        Ok(())
+        self.record_with_uniform(enc, kernel, &uniform, buffers, groups, profiler)
     }
 
     /// Splits a 1-D workgroup count into a grid that respects the per-dimension limit.

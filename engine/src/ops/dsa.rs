@@ -133,7 +133,7 @@ fn need(buf: &wgpu::Buffer, bytes: usize, what: &str) -> Result<(), GpuError> {
     Ok(())
 }
 
-/// Records one labelled compute pass with `dispatches` (bind group, workgroups) of `kernel`.
+/// Records one labelled compute pass of `kernel` over `groups`.
 fn run(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -142,16 +142,10 @@ fn run(
     groups: [u32; 3],
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    let pipeline = gpu.pipelines.get(gpu, kernel)?;
-    let bind = make_bind(gpu, &pipeline, kernel, entries);
-    let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
-    pass.set_pipeline(&pipeline);
-    pass.set_bind_group(0, &bind, &[]);
-    pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-    Ok(())
+    gpu.record(enc, kernel, entries, groups, profiler)
 }
 
+/// A bind group for one of several dispatches recorded in a single pass (top-k).
 fn make_bind(gpu: &Gpu, pipeline: &wgpu::ComputePipeline, kernel: &Kernel, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
     let e: Vec<wgpu::BindGroupEntry> =
         entries.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();

@@ -190,7 +190,7 @@ fn check_inputs(geom: &KdaGeom, t_len: usize, inp: &KdaInputs, ring: &wgpu::Buff
     need(ring, geom.taps * 3 * p, "conv ring [W, 3P]")
 }
 
-/// Records one dispatch of `kernel` over `groups` workgroups with the given bindings.
+/// Records one dispatch of `kernel` over `groups` workgroups; the ops share one uniform.
 fn dispatch(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -200,21 +200,7 @@ fn dispatch(
     groups: usize,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    let pipeline = gpu.pipelines.get(gpu, kernel)?;
-    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
-    entries.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }));
-    let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(kernel.name),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    });
-    let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
-    pass.set_pipeline(&pipeline);
-    pass.set_bind_group(0, &bind, &[]);
-    let (gx, gy) = gpu.grid(groups as u32);
-    pass.dispatch_workgroups(gx, gy, 1);
-    Ok(())
+    gpu.record_with_uniform(enc, kernel, uniform, buffers, (groups as u32, 1), profiler)
 }
 
 /// Prefill preprocessing of `t_len` tokens starting at absolute position `pos`: conv + SiLU

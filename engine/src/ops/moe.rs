@@ -67,8 +67,7 @@ pub fn params() -> Vec<super::ParamsLayout> {
     ]
 }
 
-/// Records one compute pass of `kernel` with `params` at binding 0 and `buffers` at their
-/// bindings, over a grid of `groups` workgroups (folded into 2-D) times `gy`.
+/// [`Gpu::dispatch`] under the name the MoE-family ops call.
 pub(crate) fn dispatch<P: bytemuck::Pod>(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -78,29 +77,7 @@ pub(crate) fn dispatch<P: bytemuck::Pod>(
     groups: (u32, u32),
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    let pipeline = gpu.pipelines.get(gpu, kernel)?;
-    let uniform = gpu.uniform(kernel.name, params);
-    let mut entries = vec![wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() }];
-    entries.extend(buffers.iter().map(|&(binding, b)| wgpu::BindGroupEntry { binding, resource: b.as_entire_binding() }));
-    let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(kernel.name),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    });
-    let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
-    pass.set_pipeline(&pipeline);
-    pass.set_bind_group(0, &bind, &[]);
-    if groups.1 > 1 {
-        if groups.0 > gpu.caps.max_workgroups_per_dim || groups.1 > gpu.caps.max_workgroups_per_dim {
-            return Err(GpuError::Shape(format!("{}: grid {groups:?} exceeds the adapter's limit", kernel.name)));
-        }
-        pass.dispatch_workgroups(groups.0.max(1), groups.1, 1);
-    } else {
-        let (gx, gy) = gpu.grid(groups.0);
-        pass.dispatch_workgroups(gx, gy, 1);
-    }
-    Ok(())
+    gpu.dispatch(enc, kernel, params, buffers, groups, profiler)
 }
 
 /// Which decode kernels to run (the default is the 2-row variant; the others are for the bench).
