@@ -44,6 +44,18 @@ struct Entry {
     end: usize,
 }
 
+impl TensorView<'_> {
+    /// The values as f32, for float tensors (None for other dtypes).
+    pub fn floats(&self) -> Option<Vec<f32>> {
+        match self.dtype {
+            DType::F32 => Some(bytemuck::pod_collect_to_vec(self.data)),
+            DType::BF16 => Some(self.data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+            DType::F16 => Some(self.data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
+            _ => None,
+        }
+    }
+}
+
 /// An opened checkpoint: the config, the mapped shards and a name -> tensor table keyed
 /// by the canonical (unprefixed) name.
 pub struct Checkpoint {

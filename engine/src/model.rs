@@ -6,8 +6,8 @@ use crate::checkpoint::{Checkpoint, TensorView};
 use crate::config::{Mixer, ModelConfig};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::layers::global_attn::{ForwardOptions, GlobalAttn, TokenDiagnostics};
+use crate::layers::bf16_bytes;
 use crate::layers::kda::KdaLayer;
-use crate::layout::DType;
 use crate::ops::{attn_res::attn_res, elementwise::add, embed::embed, linear::linear, norm::rms_norm};
 use crate::session::Session;
 use crate::trace::SelectionSink;
@@ -95,23 +95,6 @@ pub struct Forward {
 /// Builds the FFN of a layer (the MoE / dense MLP owners provide this).
 pub type FfnLoader = dyn for<'c> Fn(&Gpu, &ModelConfig, usize, &dyn Fn(&str) -> Option<TensorView<'c>>) -> Result<Box<dyn FeedForward>, GpuError>;
 
-/// A norm-like vector as bf16 on the GPU (the norm and AttnRes kernels read bf16).
-fn bf16_vector(gpu: &Gpu, name: &str, v: &TensorView<'_>) -> Result<wgpu::Buffer, GpuError> {
-    let values: Vec<half::bf16> = match v.dtype {
-        DType::BF16 => return Ok(gpu.storage_from(name, &pad2(v.data))),
-        DType::F32 => v.data.chunks_exact(4).map(|b| half::bf16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect(),
-        DType::F16 => v.data.chunks_exact(2).map(|b| half::bf16::from_f32(half::f16::from_le_bytes([b[0], b[1]]).to_f32())).collect(),
-        d => return Err(GpuError::Shape(format!("{name}: dtype {} is not a float", d.name()))),
-    };
-    Ok(gpu.storage_from(name, &values))
-}
-
-fn pad2(b: &[u8]) -> Vec<u8> {
-    let mut v = b.to_vec();
-    v.resize(b.len().div_ceil(2) * 2, 0);
-    v
-}
-
 impl Model {
     /// Uploads every weight of a validated checkpoint. `progress(done, total)` counts layers.
     pub fn load(
@@ -128,7 +111,8 @@ impl Model {
             let v = need(name)?;
             GpuTensor::upload(g, name, v.dtype, v.shape, v.data, None)
         };
-        let vector = |name: &str| -> Result<wgpu::Buffer, GpuError> { bf16_vector(g, name, &need(name)?) };
+        // Norm-like vectors as bf16 (the norm and AttnRes kernels read bf16).
+        let vector = |name: &str| -> Result<wgpu::Buffer, GpuError> { Ok(g.storage_from(name, &bf16_bytes(&need(name)?, name)?)) };
         let res_query = |prefix: &str| -> Result<ResQuery, GpuError> {
             Ok(ResQuery { gamma: vector(&format!("{prefix}_res_norm.weight"))?, proj: vector(&format!("{prefix}_res_proj.weight"))? })
         };

@@ -7,7 +7,6 @@
 use crate::checkpoint::TensorView;
 use crate::config::{IndexerConfig, MlaConfig, ModelConfig};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
-use crate::layout::DType;
 use crate::ops::dsa::{self, MlaDims, PagedRows, TopkScratch};
 use crate::ops::gemv::gemv;
 use crate::trace::{Selection, SelectionSink};
@@ -131,14 +130,6 @@ fn err(msg: String) -> GpuError {
     GpuError::Shape(msg)
 }
 
-fn to_f32(v: &TensorView<'_>) -> Result<Vec<f32>, GpuError> {
-    match v.dtype {
-        DType::F32 => Ok(v.data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()),
-        DType::BF16 => Ok(v.data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect()),
-        DType::F16 => Ok(v.data.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect()),
-        d => Err(err(format!("expected a float tensor, found {}", d.name()))),
-    }
-}
 
 impl GlobalAttn {
     /// Uploads layer `layer`'s weights; `lookup` maps a name relative to `…self_attn.` (for
@@ -161,7 +152,7 @@ impl GlobalAttn {
         };
         let vec = |name: &str, n: usize| -> Result<wgpu::Buffer, GpuError> {
             let v = get(name)?;
-            let f = to_f32(&v)?;
+            let f = super::floats(&v, name)?;
             if f.len() != n {
                 return Err(err(format!("layer {layer}: self_attn.{name} has {} values, expected {n}", f.len())));
             }

@@ -110,15 +110,6 @@ impl KdaState {
     }
 }
 
-fn to_f32(v: &TensorView, name: &str) -> Result<Vec<f32>, GpuError> {
-    match v.dtype {
-        DType::F32 => Ok(bytemuck::pod_collect_to_vec(v.data)),
-        DType::BF16 => Ok(v.data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-        DType::F16 => Ok(v.data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-        d => Err(GpuError::Shape(format!("kda: {name} has dtype {}, expected a float type", d.name()))),
-    }
-}
-
 impl KdaLayer {
     /// Loads layer `layer` (0-based) of a checkpoint.
     pub fn from_checkpoint(gpu: &Gpu, ckpt: &Checkpoint, layer: usize) -> Result<KdaLayer, GpuError> {
@@ -153,7 +144,7 @@ impl KdaLayer {
         };
         let small = |n: &str, numel: usize| -> Result<wgpu::Buffer, GpuError> {
             let v = view(n, numel)?;
-            Ok(gpu.storage_from(n, &to_f32(&v, n)?))
+            Ok(gpu.storage_from(n, &super::floats(&v, n)?))
         };
         let (q, kk, v) = (view("q_proj.weight", p * hidden)?, view("k_proj.weight", p * hidden)?, view("v_proj.weight", p * hidden)?);
         if q.dtype != kk.dtype || q.dtype != v.dtype {
@@ -163,11 +154,11 @@ impl KdaLayer {
         let qkv_proj = GpuTensor::upload(gpu, &format!("{prefix}qkv_proj"), q.dtype, &[3 * p, hidden], &qkv_bytes, None)?;
         let mut conv = Vec::with_capacity(3 * p * geom.taps);
         for n in ["q_conv1d.weight", "k_conv1d.weight", "v_conv1d.weight"] {
-            conv.extend(to_f32(&view(n, p * geom.taps)?, n)?);
+            conv.extend(super::floats(&view(n, p * geom.taps)?, n)?);
         }
         // A_log may be stored as [H], [1,1,H,1] or longer (spec Q5): the first H values.
         let a_log_view = get(&format!("{prefix}A_log")).ok_or_else(|| GpuError::Shape(format!("kda: no tensor {prefix}A_log")))?;
-        let a_log = to_f32(&a_log_view, "A_log")?;
+        let a_log = super::floats(&a_log_view, "A_log")?;
         if a_log.len() < h {
             return Err(GpuError::Shape(format!("kda: {prefix}A_log has {} values, needs {h}", a_log.len())));
         }

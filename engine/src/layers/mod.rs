@@ -8,7 +8,21 @@ pub mod moe;
 use crate::checkpoint::TensorView;
 use crate::config::{Ffn, ModelConfig};
 use crate::gpu::{Gpu, GpuError, Profiler};
+use crate::layout::DType;
 use crate::model::FeedForward;
+
+/// A float tensor's values as f32, or an error naming it.
+pub(crate) fn floats(v: &TensorView<'_>, name: &str) -> Result<Vec<f32>, GpuError> {
+    v.floats().ok_or_else(|| GpuError::Shape(format!("{name}: dtype {} is not a float type", v.dtype.name())))
+}
+
+/// bf16 bytes of a float tensor (the norm kernels read bf16 weights; bf16 passes through).
+pub(crate) fn bf16_bytes(v: &TensorView<'_>, name: &str) -> Result<Vec<u8>, GpuError> {
+    if v.dtype == DType::BF16 {
+        return Ok(v.data.to_vec());
+    }
+    Ok(floats(v, name)?.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect())
+}
 
 impl FeedForward for mlp::GluMlp {
     fn forward(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, t: usize, out: &wgpu::Buffer, p: Option<&mut Profiler>) -> Result<(), GpuError> {

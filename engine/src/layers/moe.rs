@@ -3,6 +3,7 @@
 //! the latent norm and up-projection, plus the shared experts.
 
 use super::mlp::{matrix, GluMlp};
+use super::{bf16_bytes, floats};
 use crate::checkpoint::TensorView;
 use crate::config::{Activation, ExpertFormat, ModelConfig};
 use crate::experts::{ExpertStore, ExpertWeights, SlotLayout};
@@ -30,23 +31,6 @@ pub struct MoeBlock {
     act: Activation,
     hidden: usize,
     eps: f32,
-}
-
-fn floats(v: &TensorView<'_>, name: &str) -> Result<Vec<f32>, GpuError> {
-    match v.dtype {
-        DType::F32 => Ok(bytemuck::pod_collect_to_vec(v.data)),
-        DType::BF16 => Ok(v.data.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-        DType::F16 => Ok(v.data.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect()),
-        d => Err(GpuError::Shape(format!("{name}: dtype {} is not a float", d.name()))),
-    }
-}
-
-/// bf16 bytes of a float tensor (the norm kernels read bf16 weights).
-pub(crate) fn bf16_bytes(v: &TensorView<'_>, name: &str) -> Result<Vec<u8>, GpuError> {
-    if v.dtype == DType::BF16 {
-        return Ok(v.data.to_vec());
-    }
-    Ok(floats(v, name)?.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect())
 }
 
 impl MoeBlock {
