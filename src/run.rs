@@ -366,7 +366,8 @@ fn print_metrics(m: &Metrics) {
         "prefill {} tokens in {:.3} s ({:.1} tokens/s); decode {} tokens in {:.3} s ({:.2} tokens/s)",
         m.prompt_tokens, m.prefill_seconds, m.prefill_tokens_per_second, m.generated_tokens, m.decode_seconds, m.decode_tokens_per_second
     );
-    eprintln!("global cache {} B, KDA state {} B", m.cache_bytes, m.kda_state_bytes);
+    let peak = m.peak_gpu_bytes.map_or("not reported by this backend".to_string(), k31_engine::plan::human_bytes_u64);
+    eprintln!("global cache {} B, KDA state {} B, peak GPU memory {peak}", m.cache_bytes, m.kda_state_bytes);
     for (op, s) in &m.gpu_seconds_by_op {
         eprintln!("  {op:<32} {:>10.3} ms", s * 1e3);
     }

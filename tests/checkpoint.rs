@@ -147,6 +147,13 @@ fn transposed_projection_is_caught() {
 }
 
 #[test]
+fn index_key_norm_bias_may_be_absent() {
+    // Spec Q2: without `k_norm.bias` the LayerNorm has no shift.
+    let dir = damaged("ck-nobias", |t| t.retain(|(n, ..)| !n.ends_with("indexer.k_norm.bias")));
+    Checkpoint::open(&dir).expect("a checkpoint without k_norm.bias validates");
+}
+
+#[test]
 fn a_dsa_config_without_indexer_weights_is_refused() {
     let dir = damaged("ck-noindexer", |t| t.retain(|(n, ..)| !n.contains(".indexer.")));
     let e = problems(&dir);

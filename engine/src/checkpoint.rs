@@ -148,6 +148,9 @@ impl Checkpoint {
         for spec in &specs {
             let found = std::iter::once(&spec.name).chain(spec.aliases.iter()).find(|n| self.entries.contains_key(*n));
             let Some(found) = found.cloned() else {
+                if spec.optional {
+                    continue;
+                }
                 if spec.name.contains(".indexer.") {
                     missing_indexer += 1;
                 }

@@ -30,6 +30,9 @@ pub struct Metrics {
     pub prefill_tokens_per_second: f64,
     pub decode_tokens_per_second: f64,
     pub cache_bytes: u64,
+    /// Peak GPU memory the allocator reserved during the run (with --metrics, on backends
+    /// that report it: Vulkan, DX12).
+    pub peak_gpu_bytes: Option<u64>,
     pub kda_state_bytes: u64,
     /// GPU time per op family (from timestamp queries), seconds.
     pub gpu_seconds_by_op: Vec<(String, f64)>,
@@ -93,6 +96,7 @@ pub fn generate(
         let mut hooks = Hooks { sink: opts.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }), diagnostics: opts.diagnostics, profiler: opts.profiler.as_deref_mut() };
         let f = model.forward(session, chunk, LogitsFor::Last, &mut hooks)?;
         diagnostics.extend(f.diagnostics);
+        metrics.peak_gpu_bytes = metrics.peak_gpu_bytes.max(f.gpu_reserved_bytes);
         logits = f.logits;
     }
 
@@ -122,6 +126,7 @@ pub fn generate(
         let f = model.forward(session, &[next], LogitsFor::Last, &mut hooks)?;
         decode_time += t.elapsed();
         diagnostics.extend(f.diagnostics);
+        metrics.peak_gpu_bytes = metrics.peak_gpu_bytes.max(f.gpu_reserved_bytes);
         logits = f.logits;
     };
     metrics.generated_tokens = out.len();

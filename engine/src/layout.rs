@@ -139,6 +139,8 @@ pub struct TensorSpec {
     pub expert: Option<usize>,
     /// Logical parameters (MXFP4: two per packed byte; scales count zero).
     pub params: usize,
+    /// A checkpoint may omit it (the loader substitutes the documented default).
+    pub optional: bool,
     /// The dtype `k31 init` writes and a config-only plan assumes (spec 7.3: conv, A_log,
     /// dt_bias, router bias and the index-key LayerNorm are f32; MXFP4 planes u8; rest bf16).
     pub canonical: DType,
@@ -167,6 +169,7 @@ impl TensorSpec {
             expert: None,
             params,
             canonical,
+            optional: false,
         }
     }
     fn f32(mut self) -> Self {
@@ -294,7 +297,10 @@ fn global_tensors(cfg: &ModelConfig, p: &str, push: &mut impl FnMut(TensorSpec))
         push(TensorSpec::float(format!("{i}wq_b.weight"), vec![ix.n_heads * ix.head_dim, q_in], Role::Projection));
         push(TensorSpec::float(format!("{i}wk.weight"), vec![ix.head_dim, d], Role::Projection));
         push(TensorSpec::float(format!("{i}k_norm.weight"), vec![ix.head_dim], Role::Norm).f32());
-        push(TensorSpec::float(format!("{i}k_norm.bias"), vec![ix.head_dim], Role::NormBias));
+        // Spec Q2: a checkpoint without the index-key LayerNorm bias uses zeros.
+        let mut bias = TensorSpec::float(format!("{i}k_norm.bias"), vec![ix.head_dim], Role::NormBias);
+        bias.optional = true;
+        push(bias);
         push(TensorSpec::float(format!("{i}weights_proj.weight"), vec![ix.n_heads, d], Role::Projection));
     }
 }

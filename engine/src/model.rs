@@ -90,6 +90,9 @@ pub struct Forward {
     /// [rows, vocab] f32: one row per token (All) or the last token's (Last).
     pub logits: Vec<f32>,
     pub diagnostics: Vec<TokenDiagnostics>,
+    /// GPU memory reserved while this pass's buffers were alive (when profiling and the
+    /// backend reports it).
+    pub gpu_reserved_bytes: Option<u64>,
 }
 
 /// Builds the FFN of a layer (the MoE / dense MLP owners provide this).
@@ -311,12 +314,14 @@ impl Model {
         linear(g, &mut enc, &self.lm_head, rows, &head_in, &logits, prof.as_deref_mut())?;
         g.queue.submit([enc.finish()]);
         let logits: Vec<f32> = g.read(&logits, rows * vocab)?;
+        let mut gpu_reserved_bytes = None;
         if let Some(p) = prof.as_deref_mut() {
             p.set_scope(None);
             p.collect(g)?;
+            gpu_reserved_bytes = g.device.generate_allocator_report().map(|r| r.total_reserved_bytes);
         }
         session.advance(tokens);
         hooks.profiler = prof;
-        Ok(Forward { logits, diagnostics })
+        Ok(Forward { logits, diagnostics, gpu_reserved_bytes })
     }
 }

@@ -138,6 +138,10 @@ pub fn human_bytes(b: usize) -> String {
     if u == 0 { format!("{b} B") } else { format!("{v:.1} {}", units[u]) }
 }
 
+pub fn human_bytes_u64(b: u64) -> String {
+    human_bytes(b as usize)
+}
+
 fn human_count(n: usize) -> String {
     if n >= 1_000_000_000 {
         format!("{:.2}B", n as f64 / 1e9)
