@@ -8,7 +8,7 @@ use crate::checkpoint::TensorView;
 use crate::config::{IndexerConfig, MlaConfig, ModelConfig};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::ops::dsa::{self, MlaDims, PagedRows, TopkScratch};
-use crate::ops::gemv::gemv;
+use crate::ops::linear::linear;
 use crate::trace::{Selection, SelectionSink};
 
 /// Scores held per query block: Tb * S <= this many values (64 MiB of f32).
@@ -240,31 +240,22 @@ impl GlobalAttn {
         let qi = buf("qI [T, IH, ID]", t_n * ih * id);
         let ki = buf("kI [T, ID]", t_n * id);
         let wi = buf("wI [T, IH]", t_n * ih);
-        let biggest = [d, r, q_w, dm.width(), vo, ih * id].into_iter().max().unwrap_or(d);
-        let xs = buf("x row", biggest);
-        let ys = buf("y row", biggest);
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         let mut prof = opts.profiler.as_deref_mut();
-        // Projections, one token at a time through the GEMV.
-        let proj = |enc: &mut wgpu::CommandEncoder, w: &GpuTensor, src: &wgpu::Buffer, dst: &wgpu::Buffer, t: usize, prof: Option<&mut Profiler>| {
-            let (cols, rows) = (w.row_len(), w.rows());
-            enc.copy_buffer_to_buffer(src, (t * cols * 4) as u64, &xs, 0, (cols * 4) as u64);
-            gemv(gpu, enc, w, &xs, &ys, prof)?;
-            enc.copy_buffer_to_buffer(&ys, 0, dst, (t * rows * 4) as u64, (rows * 4) as u64);
-            Ok::<(), GpuError>(())
+        // Projections of all T tokens at once (one token: the GEMV).
+        let proj = |enc: &mut wgpu::CommandEncoder, w: &GpuTensor, src: &wgpu::Buffer, dst: &wgpu::Buffer, prof: Option<&mut Profiler>| {
+            linear(gpu, enc, w, t_n, src, dst, prof)
         };
-        for t in 0..t_n {
-            if let Some((qa, _)) = &self.q_a {
-                proj(&mut enc, qa, x, &cq, t, prof.as_deref_mut())?;
-            }
-            proj(&mut enc, &self.kv_a, x, &kv, t, prof.as_deref_mut())?;
-            if let Some(gp) = &self.g_proj {
-                proj(&mut enc, gp, x, &g, t, prof.as_deref_mut())?;
-            }
-            if let Some(ix) = &self.indexer {
-                proj(&mut enc, &ix.wk, x, &ki, t, prof.as_deref_mut())?;
-                proj(&mut enc, &ix.weights_proj, x, &wi, t, prof.as_deref_mut())?;
-            }
+        if let Some((qa, _)) = &self.q_a {
+            proj(&mut enc, qa, x, &cq, prof.as_deref_mut())?;
+        }
+        proj(&mut enc, &self.kv_a, x, &kv, prof.as_deref_mut())?;
+        if let Some(gp) = &self.g_proj {
+            proj(&mut enc, gp, x, &g, prof.as_deref_mut())?;
+        }
+        if let Some(ix) = &self.indexer {
+            proj(&mut enc, &ix.wk, x, &ki, prof.as_deref_mut())?;
+            proj(&mut enc, &ix.weights_proj, x, &wi, prof.as_deref_mut())?;
         }
         let q_src = match &self.q_a {
             Some((_, norm)) => {
@@ -273,11 +264,9 @@ impl GlobalAttn {
             }
             None => x,
         };
-        for t in 0..t_n {
-            proj(&mut enc, &self.q_b, q_src, &q, t, prof.as_deref_mut())?;
-            if let Some(ix) = &self.indexer {
-                proj(&mut enc, &ix.wq_b, q_src, &qi, t, prof.as_deref_mut())?;
-            }
+        proj(&mut enc, &self.q_b, q_src, &q, prof.as_deref_mut())?;
+        if let Some(ix) = &self.indexer {
+            proj(&mut enc, &ix.wq_b, q_src, &qi, prof.as_deref_mut())?;
         }
         // Cache rows: normalised latent | raw k_pe, and the LayerNorm'd index key.
         dsa::row_norm(gpu, &mut enc, &kv, t_n, dm.width(), 0, dm.latent, self.eps, &self.kv_a_norm, None, prof.as_deref_mut())?;
@@ -371,9 +360,7 @@ impl GlobalAttn {
             }
             t0 += nb;
         }
-        for t in 0..t_n {
-            proj(&mut enc, &self.o_proj, &o, out, t, prof.as_deref_mut())?;
-        }
+        proj(&mut enc, &self.o_proj, &o, out, prof.as_deref_mut())?;
         gpu.queue.submit([enc.finish()]);
         Ok(diags)
     }
