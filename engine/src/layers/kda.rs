@@ -6,8 +6,7 @@
 use crate::checkpoint::{Checkpoint, TensorView};
 use crate::config::{KdaConfig, KdaOutputGate};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
-use crate::layout::DType;
-use crate::ops::gemv::gemv;
+use crate::ops::linear::linear;
 use crate::ops::kda::{self, ChunkScratch, KdaGeom, KdaInputs, Prepped};
 
 /// Output-gate projection(s).
@@ -245,16 +244,16 @@ impl KdaLayer {
         let gl = buf("kda gate", t_len * p);
         let o = buf("kda o", t_len * p);
         let y = buf("kda y", t_len * p);
-        project(gpu, enc, &self.qkv_proj, t_len, x, &qkv, prof.as_deref_mut())?;
-        project(gpu, enc, &self.f_a, t_len, x, &fa, prof.as_deref_mut())?;
-        project(gpu, enc, &self.f_b, t_len, &fa, &f, prof.as_deref_mut())?;
-        project(gpu, enc, &self.b_proj, t_len, x, &b, prof.as_deref_mut())?;
+        linear(gpu, enc, &self.qkv_proj, t_len, x, &qkv, prof.as_deref_mut())?;
+        linear(gpu, enc, &self.f_a, t_len, x, &fa, prof.as_deref_mut())?;
+        linear(gpu, enc, &self.f_b, t_len, &fa, &f, prof.as_deref_mut())?;
+        linear(gpu, enc, &self.b_proj, t_len, x, &b, prof.as_deref_mut())?;
         match &self.gate {
-            OutputGate::FullRank { g_proj } => project(gpu, enc, g_proj, t_len, x, &gl, prof.as_deref_mut())?,
+            OutputGate::FullRank { g_proj } => linear(gpu, enc, g_proj, t_len, x, &gl, prof.as_deref_mut())?,
             OutputGate::LowRank { g_a, g_b } => {
                 let ga = buf("kda g_a", t_len * k);
-                project(gpu, enc, g_a, t_len, x, &ga, prof.as_deref_mut())?;
-                project(gpu, enc, g_b, t_len, &ga, &gl, prof.as_deref_mut())?;
+                linear(gpu, enc, g_a, t_len, x, &ga, prof.as_deref_mut())?;
+                linear(gpu, enc, g_b, t_len, &ga, &gl, prof.as_deref_mut())?;
             }
         }
         let inp = KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
@@ -267,36 +266,9 @@ impl KdaLayer {
             kda::chunk_prefill(gpu, enc, g, &pre, &scratch, &st.state, &o, prof.as_deref_mut())?;
         }
         kda::gated_norm(gpu, enc, g, t_len, &o, &gl, &self.o_norm, &y, prof.as_deref_mut())?;
-        project(gpu, enc, &self.o_proj, t_len, &y, out, prof)?;
+        linear(gpu, enc, &self.o_proj, t_len, &y, out, prof)?;
         st.pos += t_len as u64;
         Ok(())
     }
 }
 
-/// y [T, rows] = x [T, cols] W^T: the GEMV for one token, the batched bf16 linear for more.
-/// Non-bf16 weights with T > 1 (f32 test checkpoints) take a slow per-token GEMV path.
-fn project(
-    gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
-    w: &GpuTensor,
-    t_len: usize,
-    x: &wgpu::Buffer,
-    y: &wgpu::Buffer,
-    mut prof: Option<&mut Profiler>,
-) -> Result<(), GpuError> {
-    if t_len == 1 {
-        return gemv(gpu, enc, w, x, y, prof);
-    }
-    if w.dtype == DType::BF16 {
-        return crate::ops::linear::linear(gpu, enc, w, t_len, x, y, prof);
-    }
-    let (rows, cols) = (w.rows(), w.row_len());
-    let xs = gpu.storage("project x row", (cols * 4) as u64);
-    let ys = gpu.storage("project y row", (rows * 4) as u64);
-    for t in 0..t_len {
-        enc.copy_buffer_to_buffer(x, (t * cols * 4) as u64, &xs, 0, (cols * 4) as u64);
-        gemv(gpu, enc, w, &xs, &ys, prof.as_deref_mut())?;
-        enc.copy_buffer_to_buffer(&ys, 0, y, (t * rows * 4) as u64, (rows * 4) as u64);
-    }
-    Ok(())
-}
