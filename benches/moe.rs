@@ -70,7 +70,7 @@ fn main() -> anyhow::Result<()> {
         let h = gpu.storage("h", (top_k * n_mid * 4) as u64);
         let y = gpu.storage("y", (n_in * 4) as u64);
         let call = moe::ExpertCall { layer: 0, tokens: 1, top_k, act };
-        for (name, kern) in [("r1", moe::DECODE_R1), ("r2", moe::DECODE_DEFAULT), ("r4", moe::DECODE_R4)] {
+        for (name, kern) in [("r1", moe::DECODE_R1), ("r2", moe::DECODE_NO_SUBGROUPS), ("r4", moe::DECODE_R4), ("subgroups", moe::DECODE_DEFAULT)] {
             let t = time_gpu(&gpu, 5, 30, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, kern, &z, &idx, &wts, &h, &y, prof))?;
             let row = Row {
                 name: format!("mxfp4 top-{top_k} experts {n_in}x{n_mid} decode {name}"),

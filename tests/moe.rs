@@ -235,10 +235,13 @@ fn experts_match_reference_at_awkward_shapes() {
         let (zb, ib, wb) = (gpu.storage_from("z", &z), gpu.storage_from("idx", &idx), gpu.storage_from("wts", &wts));
         let h = gpu.storage("h", (t * k * n_mid * 4) as u64);
         let (y1, y2) = (gpu.storage("y1", (t * n_in * 4) as u64), gpu.storage("y2", (t * n_in * 4) as u64));
+        let y3 = gpu.storage("y3", (t * n_in * 4) as u64);
         let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act };
         let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
         run(&gpu, |enc| {
+            // Subgroup kernels where the adapter has them, and the shared-memory ones.
             moe::experts_decode(&gpu, enc, &store, &call, moe::DECODE_DEFAULT, &zb, &ib, &wb, &h, &y1, None).unwrap();
+            moe::experts_decode(&gpu, enc, &store, &call, moe::DECODE_NO_SUBGROUPS, &zb, &ib, &wb, &h, &y3, None).unwrap();
             moe::experts_grouped(&gpu, enc, &store, &call, &zb, &ib, &wb, &scratch, &y2, None).unwrap();
         });
         let mut want = Vec::new();
@@ -247,6 +250,8 @@ fn experts_match_reference_at_awkward_shapes() {
         }
         let (g1, g2): (Vec<f32>, Vec<f32>) = (gpu.read(&y1, t * n_in).unwrap(), gpu.read(&y2, t * n_in).unwrap());
         let (e1, e2) = (rel_l2(&g1, &want), rel_l2(&g2, &want));
+        let e3 = rel_l2(&gpu.read::<f32>(&y3, t * n_in).unwrap(), &want);
+        assert!(e3 < 1e-5, "{format:?} t={t}: shared-memory decode {e3}");
         eprintln!("{format:?} t={t}: decode {e1:.2e}, grouped {e2:.2e}");
         assert!(e1 < 1e-5 && e2 < 1e-5, "{format:?} t={t}: decode {e1}, grouped {e2}");
     }

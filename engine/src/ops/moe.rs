@@ -29,6 +29,11 @@ pub const EXPERT_DOWN_MXFP4: Kernel = Kernel::new("expert_down_mxfp4", "moe", "e
 pub const EXPERT_DOWN_MXFP4_R1: Kernel = Kernel::new("expert_down_mxfp4_r1", "moe", "expert_down").with_constants(MX_R1);
 pub const EXPERT_DOWN_MXFP4_R4: Kernel = Kernel::new("expert_down_mxfp4_r4", "moe", "expert_down").with_constants(MX_R4);
 pub const EXPERT_DOWN_BF16: Kernel = Kernel::new("expert_down_bf16", "moe", "expert_down").with_constants(BF);
+/// Subgroup decode kernels (shaders/moe_sg.wgsl): one subgroup per weight row.
+pub const EXPERT_UP_MXFP4_SG: Kernel = Kernel::new("expert_up_mxfp4_sg", "moe_sg", "expert_up_sg").subgroups();
+pub const EXPERT_DOWN_MXFP4_SG: Kernel = Kernel::new("expert_down_mxfp4_sg", "moe_sg", "expert_down_sg").subgroups();
+/// Weight rows per workgroup of the subgroup kernels (RPW in the shader).
+const SG_ROWS: u32 = 8;
 pub const MOE_GROUP: Kernel = Kernel::new("moe_group", "moe", "moe_group");
 pub const EXPERT_UP_GROUPED_MXFP4: Kernel = Kernel::new("expert_up_grouped_mxfp4", "moe", "expert_up_grouped").with_constants(MX);
 pub const EXPERT_UP_GROUPED_BF16: Kernel = Kernel::new("expert_up_grouped_bf16", "moe", "expert_up_grouped").with_constants(BF);
@@ -47,6 +52,8 @@ pub const KERNELS: &[Kernel] = &[
     EXPERT_DOWN_MXFP4_R1,
     EXPERT_DOWN_MXFP4_R4,
     EXPERT_DOWN_BF16,
+    EXPERT_UP_MXFP4_SG,
+    EXPERT_DOWN_MXFP4_SG,
     MOE_GROUP,
     EXPERT_UP_GROUPED_MXFP4,
     EXPERT_UP_GROUPED_BF16,
@@ -59,6 +66,8 @@ pub const KERNELS: &[Kernel] = &[
 pub fn params() -> Vec<super::ParamsLayout> {
     vec![
         super::layout_of::<ExpertParams>(),
+        // moe_sg.wgsl mirrors the same struct.
+        super::ParamsLayout { shader: "moe_sg", ..super::layout_of::<ExpertParams>() },
         super::layout_of::<super::router::RouterParams>(),
         super::layout_of::<super::norm::NormParams>(),
         super::layout_of::<super::norm::GluParams>(),
@@ -86,11 +95,15 @@ pub struct DecodeKernels {
     pub up: Kernel,
     pub down: Kernel,
     pub rows: u32,
+    /// Use the subgroup kernels instead when the adapter has subgroups.
+    pub subgroups: bool,
 }
 
-pub const DECODE_DEFAULT: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4, down: EXPERT_DOWN_MXFP4, rows: 2 };
-pub const DECODE_R1: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4_R1, down: EXPERT_DOWN_MXFP4_R1, rows: 1 };
-pub const DECODE_R4: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4_R4, down: EXPERT_DOWN_MXFP4_R4, rows: 4 };
+pub const DECODE_DEFAULT: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4, down: EXPERT_DOWN_MXFP4, rows: 2, subgroups: true };
+/// The shared-memory kernels even where subgroups exist (tests and benches compare both).
+pub const DECODE_NO_SUBGROUPS: DecodeKernels = DecodeKernels { subgroups: false, ..DECODE_DEFAULT };
+pub const DECODE_R1: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4_R1, down: EXPERT_DOWN_MXFP4_R1, rows: 1, subgroups: false };
+pub const DECODE_R4: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4_R4, down: EXPERT_DOWN_MXFP4_R4, rows: 4, subgroups: false };
 
 /// Per-call shape and activation of a routed-expert run.
 #[derive(Clone, Copy, Debug)]
@@ -166,6 +179,7 @@ pub fn experts_decode(
     need(h, t * k * n_mid * 4, "h")?;
     need(y, t * n_in * 4, "y")?;
     let (up, down, rows) = match store.layout.format {
+        ExpertFormat::Mxfp4 if kernels.subgroups && gpu.caps.subgroups => (EXPERT_UP_MXFP4_SG, EXPERT_DOWN_MXFP4_SG, SG_ROWS),
         ExpertFormat::Mxfp4 => (kernels.up, kernels.down, kernels.rows),
         ExpertFormat::Bf16 => (EXPERT_UP_BF16, EXPERT_DOWN_BF16, 2),
     };

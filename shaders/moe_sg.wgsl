@@ -1,0 +1,178 @@
+// Subgroup variants of the MXFP4 decode expert kernels of moe.wgsl (same slot layout,
+// params and results; see its header). One subgroup per weight row: lanes stride over the
+// row's 32-weight groups and the row total comes from subgroupAdd, so a workgroup needs one
+// barrier (the E2M1 table) instead of a shared-memory tree per row. A separate file because
+// a module that uses subgroup operations needs the SUBGROUP feature as a whole; adapters
+// without it keep moe.wgsl.
+// Preconditions (host-checked): as moe.wgsl; MXFP4 experts.
+
+struct ExpertParams {
+    tokens: u32,
+    top_k: u32,
+    n_in: u32,
+    n_mid: u32,
+    table_base: u32,
+    num_experts: u32,
+    slot_words4: u32,
+    act: u32,
+    off_w1: u32,
+    off_w3: u32,
+    off_w2: u32,
+    off_s1: u32,
+    off_s3: u32,
+    off_s2: u32,
+    beta: f32,
+    linear_beta: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: ExpertParams;
+@group(0) @binding(1) var<storage, read> pool: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> table: array<u32>;
+@group(0) @binding(3) var<storage, read> idx: array<u32>;
+@group(0) @binding(4) var<storage, read> wts: array<f32>;
+@group(0) @binding(5) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+// Weight rows per workgroup; the workgroup's subgroups share them out.
+override RPW: u32 = 8u;
+
+var<workgroup> lut: array<f32, 16>;
+
+fn init_lut(lid: u32) {
+    if (lid < 16u) {
+        let c = lid & 7u;
+        let e = c >> 1u;
+        let m = f32(c & 1u);
+        var mag = 0.5 * m;
+        if (e > 0u) {
+            mag = f32(1u << (e - 1u)) * (1.0 + 0.5 * m);
+        }
+        lut[lid] = select(mag, -mag, (lid & 8u) != 0u);
+    }
+    workgroupBarrier();
+}
+
+fn e8m0(s: u32) -> f32 {
+    return select(bitcast<f32>(s << 23u), bitcast<f32>(0x00400000u), s == 0u);
+}
+
+fn pool_byte(base4: u32, byte: u32) -> u32 {
+    let v = pool[base4 + (byte >> 4u)];
+    return (v[(byte >> 2u) & 3u] >> (8u * (byte & 3u))) & 0xffu;
+}
+
+fn nib8(word: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let lo = vec4<f32>(lut[word & 15u], lut[(word >> 4u) & 15u], lut[(word >> 8u) & 15u], lut[(word >> 12u) & 15u]);
+    let hi = vec4<f32>(lut[(word >> 16u) & 15u], lut[(word >> 20u) & 15u], lut[(word >> 24u) & 15u], lut[word >> 28u]);
+    return dot(lo, a) + dot(hi, b);
+}
+
+fn group_dot(q: vec4<u32>, xo: u32) -> f32 {
+    return nib8(q.x, x[xo], x[xo + 1u]) + nib8(q.y, x[xo + 2u], x[xo + 3u])
+        + nib8(q.z, x[xo + 4u], x[xo + 5u]) + nib8(q.w, x[xo + 6u], x[xo + 7u]);
+}
+
+fn tanh_f(v: f32) -> f32 {
+    let e = exp(-2.0 * abs(v));
+    return sign(v) * (1.0 - e) / (1.0 + e);
+}
+
+fn sigmoid(v: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-v));
+}
+
+fn glu(g: f32, u: f32) -> f32 {
+    if (p.act == 1u) {
+        return g * sigmoid(g) * u;
+    }
+    var up = u;
+    if (p.linear_beta > 0.0) {
+        up = p.linear_beta * tanh_f(u / p.linear_beta);
+    }
+    return p.beta * tanh_f(g / p.beta) * sigmoid(g) * up;
+}
+
+fn slot_base(e: u32) -> u32 {
+    return table[p.table_base + e] * p.slot_words4;
+}
+
+// Stage 1: grid (ceil(n_mid / RPW), tokens * top_k); h[pair, r] = act(w1 z, w3 z)[r].
+@compute @workgroup_size(128)
+fn expert_up_sg(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+) {
+    init_lut(lid);
+    let pair = wg.y;
+    if (pair >= p.tokens * p.top_k) {
+        return;
+    }
+    let base = slot_base(idx[pair]);
+    let xb = (pair / p.top_k) * (p.n_in / 4u);
+    let groups = p.n_in / 32u;
+    for (var r = sg; r < RPW; r += nsg) {
+        let row = wg.x * RPW + r;
+        if (row >= p.n_mid) {
+            break;
+        }
+        var ga = 0.0;
+        var ua = 0.0;
+        for (var g = lane; g < groups; g += sgs) {
+            let xo = xb + g * 8u;
+            let q1 = pool[base + p.off_w1 + row * groups + g];
+            let q3 = pool[base + p.off_w3 + row * groups + g];
+            ga += e8m0(pool_byte(base, p.off_s1 + row * groups + g)) * group_dot(q1, xo);
+            ua += e8m0(pool_byte(base, p.off_s3 + row * groups + g)) * group_dot(q3, xo);
+        }
+        let gs = subgroupAdd(ga);
+        let us = subgroupAdd(ua);
+        if (lane == 0u) {
+            out[pair * p.n_mid + row] = glu(gs, us);
+        }
+    }
+}
+
+// Stage 2: grid (ceil(n_in / RPW), tokens); y[t, r] = sum_j wts[pair] (w2_e h[pair])[r],
+// experts in the fixed j order.
+@compute @workgroup_size(128)
+fn expert_down_sg(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+) {
+    init_lut(lid);
+    let t = wg.y;
+    if (t >= p.tokens) {
+        return;
+    }
+    let groups = p.n_mid / 32u;
+    for (var r = sg; r < RPW; r += nsg) {
+        let row = wg.x * RPW + r;
+        if (row >= p.n_in) {
+            break;
+        }
+        var acc = 0.0;
+        for (var j = 0u; j < p.top_k; j++) {
+            let pair = t * p.top_k + j;
+            let base = slot_base(idx[pair]);
+            let xb = pair * (p.n_mid / 4u);
+            var part = 0.0;
+            for (var g = lane; g < groups; g += sgs) {
+                let q = pool[base + p.off_w2 + row * groups + g];
+                part += e8m0(pool_byte(base, p.off_s2 + row * groups + g)) * group_dot(q, xb + g * 8u);
+            }
+            acc += wts[pair] * part;
+        }
+        let total = subgroupAdd(acc);
+        if (lane == 0u) {
+            out[t * p.n_in + row] = total;
+        }
+    }
+}
