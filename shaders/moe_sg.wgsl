@@ -1,7 +1,7 @@
 // Subgroup variants of the MXFP4 decode expert kernels of moe.wgsl (same slot layout,
 // params and results; see its header). One subgroup per weight row: lanes stride over the
-// row's 32-weight groups and the row total comes from subgroupAdd, so a workgroup needs one
-// barrier (the E2M1 table) instead of a shared-memory tree per row. A separate file because
+// row's 32-weight groups and the row total comes from subgroupAdd, so a workgroup needs no
+// barrier and no shared memory; E2M1 is decoded arithmetically. A separate file because
 // a module that uses subgroup operations needs the SUBGROUP feature as a whole; adapters
 // without it keep moe.wgsl.
 // Preconditions (host-checked): as moe.wgsl; MXFP4 experts.
@@ -36,22 +36,6 @@ struct ExpertParams {
 // Weight rows per workgroup; the workgroup's subgroups share them out.
 override RPW: u32 = 8u;
 
-var<workgroup> lut: array<f32, 16>;
-
-fn init_lut(lid: u32) {
-    if (lid < 16u) {
-        let c = lid & 7u;
-        let e = c >> 1u;
-        let m = f32(c & 1u);
-        var mag = 0.5 * m;
-        if (e > 0u) {
-            mag = f32(1u << (e - 1u)) * (1.0 + 0.5 * m);
-        }
-        lut[lid] = select(mag, -mag, (lid & 8u) != 0u);
-    }
-    workgroupBarrier();
-}
-
 fn e8m0(s: u32) -> f32 {
     return select(bitcast<f32>(s << 23u), bitcast<f32>(0x00400000u), s == 0u);
 }
@@ -61,9 +45,21 @@ fn pool_byte(base4: u32, byte: u32) -> u32 {
     return (v[(byte >> 2u) & 3u] >> (8u * (byte & 3u))) & 0xffu;
 }
 
+// E2M1 nibbles (low 4 bits of each lane) to f32 by building the float's bits: exponent
+// e + 126 and mantissa bit m for e > 0, 0.5 or 0 for e = 0, sign from bit 3. Arithmetic
+// instead of a table lookup per nibble (the lookups bound the table version).
+fn e2m1x4(n: vec4<u32>) -> vec4<f32> {
+    let e = (n >> vec4<u32>(1u)) & vec4<u32>(3u);
+    let m = n & vec4<u32>(1u);
+    let normal = ((e + vec4<u32>(126u)) << vec4<u32>(23u)) | (m << vec4<u32>(22u));
+    let small = m * vec4<u32>(126u << 23u);
+    let bits = select(normal, small, e == vec4<u32>(0u)) | ((n & vec4<u32>(8u)) << vec4<u32>(28u));
+    return bitcast<vec4<f32>>(bits);
+}
+
 fn nib8(word: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let lo = vec4<f32>(lut[word & 15u], lut[(word >> 4u) & 15u], lut[(word >> 8u) & 15u], lut[(word >> 12u) & 15u]);
-    let hi = vec4<f32>(lut[(word >> 16u) & 15u], lut[(word >> 20u) & 15u], lut[(word >> 24u) & 15u], lut[word >> 28u]);
+    let lo = e2m1x4((vec4<u32>(word) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u));
+    let hi = e2m1x4((vec4<u32>(word) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u));
     return dot(lo, a) + dot(hi, b);
 }
 
@@ -100,13 +96,11 @@ fn slot_base(e: u32) -> u32 {
 @compute @workgroup_size(128)
 fn expert_up_sg(
     @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
+        @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) sgs: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
 ) {
-    init_lut(lid);
     let pair = wg.y;
     if (pair >= p.tokens * p.top_k) {
         return;
@@ -141,13 +135,11 @@ fn expert_up_sg(
 @compute @workgroup_size(128)
 fn expert_down_sg(
     @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
+        @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) sgs: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
 ) {
-    init_lut(lid);
     let t = wg.y;
     if (t >= p.tokens) {
         return;
