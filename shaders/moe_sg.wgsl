@@ -34,7 +34,7 @@ struct ExpertParams {
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 // Weight rows per workgroup; the workgroup's subgroups share them out.
-override RPW: u32 = 8u;
+override RPW: u32 = 16u;
 
 fn e8m0(s: u32) -> f32 {
     return select(bitcast<f32>(s << 23u), bitcast<f32>(0x00400000u), s == 0u);
@@ -63,9 +63,9 @@ fn nib8(word: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return dot(lo, a) + dot(hi, b);
 }
 
-fn group_dot(q: vec4<u32>, xo: u32) -> f32 {
-    return nib8(q.x, x[xo], x[xo + 1u]) + nib8(q.y, x[xo + 2u], x[xo + 3u])
-        + nib8(q.z, x[xo + 4u], x[xo + 5u]) + nib8(q.w, x[xo + 6u], x[xo + 7u]);
+// One MXFP4 group (4 words = 32 weights) times 32 activations held in registers.
+fn group_dot_v(q: vec4<u32>, xv: array<vec4<f32>, 8>) -> f32 {
+    return nib8(q.x, xv[0], xv[1]) + nib8(q.y, xv[2], xv[3]) + nib8(q.z, xv[4], xv[5]) + nib8(q.w, xv[6], xv[7]);
 }
 
 fn tanh_f(v: f32) -> f32 {
@@ -92,11 +92,15 @@ fn slot_base(e: u32) -> u32 {
     return table[p.table_base + e] * p.slot_words4;
 }
 
+// Rows one subgroup works on together: each lane loads a group of activations once and
+// uses it for RS rows (activation reads were 8x the weight bytes with one row at a time).
+const RS: u32 = 4u;
+
 // Stage 1: grid (ceil(n_mid / RPW), tokens * top_k); h[pair, r] = act(w1 z, w3 z)[r].
 @compute @workgroup_size(128)
 fn expert_up_sg(
     @builtin(workgroup_id) wg: vec3<u32>,
-        @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) sgs: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
@@ -108,24 +112,30 @@ fn expert_up_sg(
     let base = slot_base(idx[pair]);
     let xb = (pair / p.top_k) * (p.n_in / 4u);
     let groups = p.n_in / 32u;
-    for (var r = sg; r < RPW; r += nsg) {
-        let row = wg.x * RPW + r;
-        if (row >= p.n_mid) {
+    for (var r0 = sg * RS; r0 < RPW; r0 += nsg * RS) {
+        let row0 = wg.x * RPW + r0;
+        if (row0 >= p.n_mid) {
             break;
         }
-        var ga = 0.0;
-        var ua = 0.0;
+        var ga: array<f32, RS>;
+        var ua: array<f32, RS>;
         for (var g = lane; g < groups; g += sgs) {
             let xo = xb + g * 8u;
-            let q1 = pool[base + p.off_w1 + row * groups + g];
-            let q3 = pool[base + p.off_w3 + row * groups + g];
-            ga += e8m0(pool_byte(base, p.off_s1 + row * groups + g)) * group_dot(q1, xo);
-            ua += e8m0(pool_byte(base, p.off_s3 + row * groups + g)) * group_dot(q3, xo);
+            let xv = array<vec4<f32>, 8>(x[xo], x[xo + 1u], x[xo + 2u], x[xo + 3u], x[xo + 4u], x[xo + 5u], x[xo + 6u], x[xo + 7u]);
+            for (var i = 0u; i < RS; i++) {
+                let row = min(row0 + i, p.n_mid - 1u);
+                let q1 = pool[base + p.off_w1 + row * groups + g];
+                let q3 = pool[base + p.off_w3 + row * groups + g];
+                ga[i] += e8m0(pool_byte(base, p.off_s1 + row * groups + g)) * group_dot_v(q1, xv);
+                ua[i] += e8m0(pool_byte(base, p.off_s3 + row * groups + g)) * group_dot_v(q3, xv);
+            }
         }
-        let gs = subgroupAdd(ga);
-        let us = subgroupAdd(ua);
-        if (lane == 0u) {
-            out[pair * p.n_mid + row] = glu(gs, us);
+        for (var i = 0u; i < RS; i++) {
+            let gs = subgroupAdd(ga[i]);
+            let us = subgroupAdd(ua[i]);
+            if (lane == 0u && row0 + i < p.n_mid) {
+                out[pair * p.n_mid + row0 + i] = glu(gs, us);
+            }
         }
     }
 }
@@ -135,7 +145,7 @@ fn expert_up_sg(
 @compute @workgroup_size(128)
 fn expert_down_sg(
     @builtin(workgroup_id) wg: vec3<u32>,
-        @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) sgs: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
@@ -145,26 +155,32 @@ fn expert_down_sg(
         return;
     }
     let groups = p.n_mid / 32u;
-    for (var r = sg; r < RPW; r += nsg) {
-        let row = wg.x * RPW + r;
-        if (row >= p.n_in) {
+    for (var r0 = sg * RS; r0 < RPW; r0 += nsg * RS) {
+        let row0 = wg.x * RPW + r0;
+        if (row0 >= p.n_in) {
             break;
         }
-        var acc = 0.0;
+        var acc: array<f32, RS>;
         for (var j = 0u; j < p.top_k; j++) {
             let pair = t * p.top_k + j;
             let base = slot_base(idx[pair]);
             let xb = pair * (p.n_mid / 4u);
-            var part = 0.0;
+            let wt = wts[pair];
             for (var g = lane; g < groups; g += sgs) {
-                let q = pool[base + p.off_w2 + row * groups + g];
-                part += e8m0(pool_byte(base, p.off_s2 + row * groups + g)) * group_dot(q, xb + g * 8u);
+                let xo = xb + g * 8u;
+                let xv = array<vec4<f32>, 8>(x[xo], x[xo + 1u], x[xo + 2u], x[xo + 3u], x[xo + 4u], x[xo + 5u], x[xo + 6u], x[xo + 7u]);
+                for (var i = 0u; i < RS; i++) {
+                    let row = min(row0 + i, p.n_in - 1u);
+                    let q = pool[base + p.off_w2 + row * groups + g];
+                    acc[i] += wt * e8m0(pool_byte(base, p.off_s2 + row * groups + g)) * group_dot_v(q, xv);
+                }
             }
-            acc += wts[pair] * part;
         }
-        let total = subgroupAdd(acc);
-        if (lane == 0u) {
-            out[t * p.n_in + row] = total;
+        for (var i = 0u; i < RS; i++) {
+            let total = subgroupAdd(acc[i]);
+            if (lane == 0u && row0 + i < p.n_in) {
+                out[t * p.n_in + row0 + i] = total;
+            }
         }
     }
 }

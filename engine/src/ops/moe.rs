@@ -33,7 +33,7 @@ pub const EXPERT_DOWN_BF16: Kernel = Kernel::new("expert_down_bf16", "moe", "exp
 pub const EXPERT_UP_MXFP4_SG: Kernel = Kernel::new("expert_up_mxfp4_sg", "moe_sg", "expert_up_sg").subgroups();
 pub const EXPERT_DOWN_MXFP4_SG: Kernel = Kernel::new("expert_down_mxfp4_sg", "moe_sg", "expert_down_sg").subgroups();
 /// Weight rows per workgroup of the subgroup kernels (RPW in the shader).
-const SG_ROWS: u32 = 8;
+const SG_ROWS: u32 = 16;
 pub const MOE_GROUP: Kernel = Kernel::new("moe_group", "moe", "moe_group");
 pub const EXPERT_UP_GROUPED_MXFP4: Kernel = Kernel::new("expert_up_grouped_mxfp4", "moe", "expert_up_grouped").with_constants(MX);
 pub const EXPERT_UP_GROUPED_BF16: Kernel = Kernel::new("expert_up_grouped_bf16", "moe", "expert_up_grouped").with_constants(BF);
