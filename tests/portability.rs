@@ -8,16 +8,24 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 fn validate(name: &str, src: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string_with_path(src, name))?;
     // The capabilities k31 may enable on a device; variants that need one declare it.
-    let caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_INT64;
+    let caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_INT64 | Capabilities::COOPERATIVE_MATRIX;
     let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| e.emit_to_string_with_path(src, name))?;
     Ok((module, info))
 }
 
-fn translate(name: &str, module: &naga::Module, info: &naga::valid::ModuleInfo) -> Result<(), String> {
+/// Cooperative-matrix shaders exist for Vulkan only (each has a SIMT twin elsewhere).
+fn uses_coopmat(src: &str) -> bool {
+    src.contains("enable wgpu_cooperative_matrix;")
+}
+
+fn translate(name: &str, module: &naga::Module, info: &naga::valid::ModuleInfo, spirv_only: bool) -> Result<(), String> {
     naga::back::spv::write_vec(module, info, &naga::back::spv::Options::default(), None)
         .map_err(|e| format!("{name}: SPIR-V: {e}"))?;
+    if spirv_only {
+        return Ok(());
+    }
     naga::back::msl::write_string(module, info, &Default::default(), &Default::default())
         .map_err(|e| format!("{name}: MSL: {e}"))?;
     let mut hlsl = String::new();
@@ -51,7 +59,7 @@ fn every_shader_validates_and_translates() {
                 // Override constants take their defaults here; the variants test sets them.
                 match naga::back::pipeline_constants::process_overrides(&m, &i, None, &Default::default()) {
                     Ok((m, i)) => {
-                        if let Err(e) = translate(name, &m, &i) {
+                        if let Err(e) = translate(name, &m, &i, uses_coopmat(src)) {
                             errors.push(e);
                         }
                     }
@@ -92,7 +100,7 @@ fn every_kernel_variant_specialises_and_translates() {
         );
         match resolved {
             Ok((m, i)) => {
-                if let Err(e) = translate(k.name, &m, &i) {
+                if let Err(e) = translate(k.name, &m, &i, k.needs_coopmat) {
                     errors.push(e);
                 }
             }

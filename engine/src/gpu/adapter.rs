@@ -110,3 +110,18 @@ pub fn choose(instance: &wgpu::Instance, selector: Option<&str>) -> Result<wgpu:
         None => Err(GpuError::AdapterNotFound { selector: sel.into(), available: names().join("; ") }),
     }
 }
+
+/// Whether the adapter lists 16x16x16 cooperative matrices with f16 A/B and an f32
+/// accumulator, the one configuration k31's tensor-core kernels use. `K31_NO_COOPMAT=1`
+/// turns them off (to compare against the SIMT kernels on the same GPU).
+pub fn has_coopmat_f16_16(adapter: &wgpu::Adapter) -> bool {
+    use wgpu::CooperativeScalarType as T;
+    if std::env::var("K31_NO_COOPMAT").is_ok_and(|v| v == "1") {
+        return false;
+    }
+    adapter.features().contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        && adapter
+            .cooperative_matrix_properties()
+            .iter()
+            .any(|p| p.m_size == 16 && p.n_size == 16 && p.k_size == 16 && p.ab_type == T::F16 && p.cr_type == T::F32)
+}

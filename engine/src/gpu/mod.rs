@@ -42,6 +42,9 @@ pub struct Capabilities {
     pub f16: bool,
     pub subgroups: bool,
     pub timestamps: bool,
+    /// 16x16x16 cooperative matrices with f16 inputs and f32 accumulators (tensor cores);
+    /// kernels that use them have a SIMT twin for adapters without.
+    pub coopmat: bool,
     pub subgroup_min: u32,
     pub subgroup_max: u32,
     /// Largest byte range one storage binding may cover.
@@ -80,12 +83,23 @@ impl Gpu {
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
-        let features = adapter.features() & want;
+        let mut features = adapter.features() & want;
+        let coopmat = features.contains(wgpu::Features::SHADER_F16) && adapter::has_coopmat_f16_16(&adapter);
+        if coopmat {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let limits = adapter.limits();
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("k31"),
             required_features: features,
             required_limits: limits.clone(),
+            // Only the cooperative-matrix extension is experimental; naga checks the shaders
+            // that use it and the adapter listed the exact configuration they use.
+            experimental_features: if coopmat {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             ..Default::default()
         }))
         .map_err(|source| GpuError::RequestDevice { adapter: info.name.clone(), source })?;
@@ -93,6 +107,7 @@ impl Gpu {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            coopmat,
             subgroup_min: info.subgroup_min_size,
             subgroup_max: info.subgroup_max_size,
             max_binding: limits.max_storage_buffer_binding_size.min(limits.max_buffer_size),

@@ -16,11 +16,17 @@ pub struct Kernel {
     /// Device features the variant needs (checked before building it).
     pub needs_subgroups: bool,
     pub needs_f16: bool,
+    /// Needs 16x16x16 f16 -> f32 cooperative matrices (`Capabilities::coopmat`).
+    pub needs_coopmat: bool,
+    /// Built without wgpu's runtime bounds checks: only for kernels whose every index is
+    /// host-checked and covered by tests at awkward shapes (the checks cost ALU in the
+    /// bandwidth-bound decode kernels).
+    pub unchecked: bool,
 }
 
 impl Kernel {
     pub const fn new(name: &'static str, shader: &'static str, entry: &'static str) -> Kernel {
-        Kernel { name, shader, entry, constants: &[], needs_subgroups: false, needs_f16: false }
+        Kernel { name, shader, entry, constants: &[], needs_subgroups: false, needs_f16: false, needs_coopmat: false, unchecked: false }
     }
     pub const fn with_constants(mut self, constants: &'static [(&'static str, f64)]) -> Kernel {
         self.constants = constants;
@@ -31,6 +37,15 @@ impl Kernel {
         self
     }
     pub const fn f16(mut self) -> Kernel {
+        self.needs_f16 = true;
+        self
+    }
+    pub const fn unchecked(mut self) -> Kernel {
+        self.unchecked = true;
+        self
+    }
+    pub const fn coopmat(mut self) -> Kernel {
+        self.needs_coopmat = true;
         self.needs_f16 = true;
         self
     }
@@ -48,15 +63,18 @@ impl PipelineCache {
             return Ok(p.clone());
         }
         let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
-        if (k.needs_subgroups && !gpu.caps.subgroups) || (k.needs_f16 && !gpu.caps.f16) {
+        if (k.needs_subgroups && !gpu.caps.subgroups) || (k.needs_f16 && !gpu.caps.f16) || (k.needs_coopmat && !gpu.caps.coopmat) {
             return Err(fail(format!("kernel {} needs a feature this adapter lacks", k.name)));
         }
         let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(k.shader),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
-        });
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(k.shader), source: wgpu::ShaderSource::Wgsl(src.into()) };
+        let module = if k.unchecked {
+            // SAFETY: `unchecked` kernels index only within host-validated extents (see the field).
+            unsafe { gpu.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+        } else {
+            gpu.device.create_shader_module(desc)
+        };
         let pipeline = gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(k.name),
             layout: None,
