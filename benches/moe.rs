@@ -34,13 +34,13 @@ fn main() -> anyhow::Result<()> {
             ("lm_head 7168->163840", 163840, 7168),
         ]
     };
-    let variants = [gemv::GEMV_BF16_V4_R1, gemv::GEMV_BF16_V4_R2, gemv::GEMV_BF16_V4_R4, gemv::GEMV_BF16_V4_R8];
+    let variants: Vec<_> = gemv::FAST_VARIANTS.iter().filter(|k| !k.needs_subgroups || gpu.caps.subgroups).copied().collect();
     for &(name, n, k) in shapes {
         let bytes: Vec<u8> = (0..n * k).flat_map(|i| half::bf16::from_f32(((i % 13) as f32 - 6.0) * 0.01).to_le_bytes()).collect();
         let w = GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)?;
         let x = gpu.storage_from("x", &vec![0.5f32; k]);
         let y = gpu.storage("y", (n * 4) as u64);
-        for v in variants {
+        for &v in &variants {
             let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_variant(&gpu, enc, &w, &x, &y, Some(v), prof))?;
             let row = Row { name: format!("{} {name}", v.name), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
             row.print();
@@ -70,8 +70,9 @@ fn main() -> anyhow::Result<()> {
         let h = gpu.storage("h", (top_k * n_mid * 4) as u64);
         let y = gpu.storage("y", (n_in * 4) as u64);
         let call = moe::ExpertCall { layer: 0, tokens: 1, top_k, act };
-        for (name, kern) in [("r1", moe::DECODE_R1), ("r2", moe::DECODE_NO_SUBGROUPS), ("r4", moe::DECODE_R4), ("subgroups", moe::DECODE_DEFAULT)] {
-            let t = time_gpu(&gpu, 5, 30, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, kern, &z, &idx, &wts, &h, &y, prof))?;
+        for kern in moe::DECODE_VARIANTS.iter().filter(|v| moe::decode_supported(&gpu, v)) {
+            let name = kern.name;
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, Some(*kern), &z, &idx, &wts, &h, &y, prof))?;
             let row = Row {
                 name: format!("mxfp4 top-{top_k} experts {n_in}x{n_mid} decode {name}"),
                 time_us: t * 1e6,

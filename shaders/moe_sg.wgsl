@@ -184,3 +184,158 @@ fn expert_down_sg(
         }
     }
 }
+
+// ---- Paired-f16 decode (the *_sg2 entries). -------------------------------------------
+// The E2M1 kernels above spend ~15 integer ops per weight; at 3.2 TB/s of MXFP4 the H200
+// has ~4 issue slots per weight. Shifting a nibble's 3 magnitude bits to f16 bits 9-11 and
+// its sign to bit 15 gives an f16 equal to the E2M1 value times 2^-14 (e = 0 lands on the
+// f16 subnormal 2^-15, which is exactly 0.5 * 2^-14), so one shift-and-mask pair decodes two
+// weights (one per 16-bit half) and unpack2x16float widens them; the 2^14 goes into the
+// group scale. Word nibbles n0..n7 come out as pairs (n0,n4) (n1,n5) (n2,n6) (n3,n7), so the
+// activations are read in that order.
+
+@group(0) @binding(7) var<storage, read> pool_w: array<u32>;
+
+// The group's E8M0 scale times 2^14 (exact: E8M0 0..240 stays a normal f32).
+fn scale14(base4: u32, byte: u32) -> f32 {
+    let b = base4 * 16u + byte;
+    let s = (pool_w[b >> 2u] >> (8u * (b & 3u))) & 0xffu;
+    return select(bitcast<f32>((s + 14u) << 23u), e8m0(s) * 16384.0, s > 240u);
+}
+
+// Activations of one group in pair order: xa[j] = (x0, x4, x1, x5), xb[j] = (x2, x6, x3, x7)
+// of word j.
+struct Xg {
+    a: array<vec4<f32>, 4>,
+    b: array<vec4<f32>, 4>,
+}
+
+fn load_xg(xo: u32) -> Xg {
+    var g: Xg;
+    for (var j = 0u; j < 4u; j++) {
+        let lo = x[xo + 2u * j];
+        let hi = x[xo + 2u * j + 1u];
+        g.a[j] = vec4<f32>(lo.x, hi.x, lo.y, hi.y);
+        g.b[j] = vec4<f32>(lo.z, hi.z, lo.w, hi.w);
+    }
+    return g;
+}
+
+fn word_dot(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let m = 0x0e000e00u;
+    let s = 0x80008000u;
+    let p0 = ((w << 9u) & m) | ((w << 12u) & s);
+    let p1 = ((w << 5u) & m) | ((w << 8u) & s);
+    let p2 = ((w << 1u) & m) | ((w << 4u) & s);
+    let p3 = ((w >> 3u) & m) | (w & s);
+    return dot(vec4<f32>(unpack2x16float(p0), unpack2x16float(p1)), a) + dot(vec4<f32>(unpack2x16float(p2), unpack2x16float(p3)), b);
+}
+
+// One MXFP4 group (4 words) times its activations, before the scale.
+fn group_dot2(q: vec4<u32>, xg: Xg) -> f32 {
+    return word_dot(q.x, xg.a[0], xg.b[0]) + word_dot(q.y, xg.a[1], xg.b[1]) + word_dot(q.z, xg.a[2], xg.b[2]) + word_dot(q.w, xg.a[3], xg.b[3]);
+}
+
+// Rows per subgroup pass of the sg2 kernels (activation reuse); RPW2 rows per workgroup.
+override RS2: u32 = 2u;
+override RPW2: u32 = 16u;
+const MAX_RS2: u32 = 4u;
+
+// Stage 1, as expert_up_sg: grid (ceil(n_mid / RPW2), tokens * top_k).
+@compute @workgroup_size(256)
+fn expert_up_sg2(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+) {
+    let pair = wg.y;
+    if (pair >= p.tokens * p.top_k) {
+        return;
+    }
+    let base = slot_base(idx[pair]);
+    let xb = (pair / p.top_k) * (p.n_in / 4u);
+    let groups = p.n_in / 32u;
+    for (var r0 = sg * RS2; r0 < RPW2; r0 += nsg * RS2) {
+        let row0 = wg.x * RPW2 + r0;
+        if (row0 >= p.n_mid) {
+            break;
+        }
+        var ga: array<f32, MAX_RS2>;
+        var ua: array<f32, MAX_RS2>;
+        for (var g = lane; g < groups; g += sgs) {
+            let xg = load_xg(xb + g * 8u);
+            for (var i = 0u; i < RS2; i++) {
+                let o = min(row0 + i, p.n_mid - 1u) * groups + g;
+                let q1 = pool[base + p.off_w1 + o];
+                let q3 = pool[base + p.off_w3 + o];
+                ga[i] += scale14(base, p.off_s1 + o) * group_dot2(q1, xg);
+                ua[i] += scale14(base, p.off_s3 + o) * group_dot2(q3, xg);
+            }
+        }
+        for (var i = 0u; i < RS2; i++) {
+            let gs = subgroupAdd(ga[i]);
+            let us = subgroupAdd(ua[i]);
+            if (lane == 0u && row0 + i < p.n_mid) {
+                out[pair * p.n_mid + row0 + i] = glu(gs, us);
+            }
+        }
+    }
+}
+
+// Stage 2 with the experts spread over the workgroup's subgroups (the serial loop over 16
+// experts starved the GPU: n_in / rows workgroups only): work item (expert j, row block)
+// -> partial sums in workgroup memory, then one thread per row adds the experts in the
+// fixed j order. Grid (ceil(n_in / RPW2), tokens). Host-checked: top_k * RPW2 <= 2048.
+var<workgroup> down_part: array<f32, 2048>;
+
+@compute @workgroup_size(256)
+fn expert_down_sg2(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+) {
+    let t = wg.y;
+    if (t >= p.tokens) {
+        return;
+    }
+    let groups = p.n_mid / 32u;
+    let blocks = RPW2 / RS2;
+    for (var item = sg; item < p.top_k * blocks; item += nsg) {
+        let j = item / blocks;
+        let r0 = (item % blocks) * RS2;
+        let row0 = wg.x * RPW2 + r0;
+        let pair = t * p.top_k + j;
+        let base = slot_base(idx[pair]);
+        let xb = pair * (p.n_mid / 4u);
+        var acc: array<f32, MAX_RS2>;
+        if (row0 < p.n_in) {
+            for (var g = lane; g < groups; g += sgs) {
+                let xg = load_xg(xb + g * 8u);
+                for (var i = 0u; i < RS2; i++) {
+                    let o = min(row0 + i, p.n_in - 1u) * groups + g;
+                    acc[i] += scale14(base, p.off_s2 + o) * group_dot2(pool[base + p.off_w2 + o], xg);
+                }
+            }
+        }
+        for (var i = 0u; i < RS2; i++) {
+            let total = subgroupAdd(acc[i]);
+            if (lane == 0u) {
+                down_part[j * RPW2 + r0 + i] = total;
+            }
+        }
+    }
+    workgroupBarrier();
+    let row = wg.x * RPW2 + lid;
+    if (lid < RPW2 && row < p.n_in) {
+        var y = 0.0;
+        for (var j = 0u; j < p.top_k; j++) {
+            y += wts[t * p.top_k + j] * down_part[j * RPW2 + lid];
+        }
+        out[t * p.n_in + row] = y;
+    }
+}

@@ -150,7 +150,7 @@ fn latent_moe_matches_golden_decode_and_grouped() {
         linear::linear(&gpu, enc, &gate, t, &x, &logits, None).unwrap();
         router::router_select(&gpu, enc, &cfg, t, e, k, &logits, &bias, &idx, &wts, None).unwrap();
         linear::linear(&gpu, enc, &down, t, &x, &z, None).unwrap();
-        moe::experts_decode(&gpu, enc, &store, &call, moe::DECODE_DEFAULT, &z, &idx, &wts, &h, &lat, None).unwrap();
+        moe::experts_decode(&gpu, enc, &store, &call, None, &z, &idx, &wts, &h, &lat, None).unwrap();
         moe::experts_grouped(&gpu, enc, &store, &call, &z, &idx, &wts, &scratch, &lat2, None).unwrap();
         norm::rms_norm(&gpu, enc, t, lm, 1e-5, &lat, &norm_w, &latn, None).unwrap();
         linear::linear(&gpu, enc, &up, t, &latn, &r, None).unwrap();
@@ -234,24 +234,31 @@ fn experts_match_reference_at_awkward_shapes() {
         let wts: Vec<f32> = support::random_vec(8, t * k).iter().map(|v| v.abs() + 0.1).collect();
         let (zb, ib, wb) = (gpu.storage_from("z", &z), gpu.storage_from("idx", &idx), gpu.storage_from("wts", &wts));
         let h = gpu.storage("h", (t * k * n_mid * 4) as u64);
-        let (y1, y2) = (gpu.storage("y1", (t * n_in * 4) as u64), gpu.storage("y2", (t * n_in * 4) as u64));
-        let y3 = gpu.storage("y3", (t * n_in * 4) as u64);
+        let y2 = gpu.storage("y2", (t * n_in * 4) as u64);
         let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act };
         let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
+        // Every decode variant the adapter runs (the bf16 store ignores the choice), and the default.
+        let variants: Vec<Option<moe::DecodeKernels>> =
+            std::iter::once(None).chain(moe::DECODE_VARIANTS.iter().filter(|v| moe::decode_supported(&gpu, v)).map(|v| Some(*v))).collect();
+        let ys: Vec<_> = variants.iter().map(|_| gpu.storage("y", (t * n_in * 4) as u64)).collect();
         run(&gpu, |enc| {
-            // Subgroup kernels where the adapter has them, and the shared-memory ones.
-            moe::experts_decode(&gpu, enc, &store, &call, moe::DECODE_DEFAULT, &zb, &ib, &wb, &h, &y1, None).unwrap();
-            moe::experts_decode(&gpu, enc, &store, &call, moe::DECODE_NO_SUBGROUPS, &zb, &ib, &wb, &h, &y3, None).unwrap();
+            for (v, y) in variants.iter().zip(&ys) {
+                moe::experts_decode(&gpu, enc, &store, &call, *v, &zb, &ib, &wb, &h, y, None).unwrap();
+            }
             moe::experts_grouped(&gpu, enc, &store, &call, &zb, &ib, &wb, &scratch, &y2, None).unwrap();
         });
         let mut want = Vec::new();
         for r in 0..t {
             want.extend(reference::moe::experts(act, &dense, n_in, n_mid, &idx[r * k..(r + 1) * k], &wts[r * k..(r + 1) * k], &z[r * n_in..(r + 1) * n_in]));
         }
-        let (g1, g2): (Vec<f32>, Vec<f32>) = (gpu.read(&y1, t * n_in).unwrap(), gpu.read(&y2, t * n_in).unwrap());
-        let (e1, e2) = (rel_l2(&g1, &want), rel_l2(&g2, &want));
-        let e3 = rel_l2(&gpu.read::<f32>(&y3, t * n_in).unwrap(), &want);
-        assert!(e3 < 1e-5, "{format:?} t={t}: shared-memory decode {e3}");
+        for (v, y) in variants.iter().zip(&ys) {
+            let e = rel_l2(&gpu.read::<f32>(y, t * n_in).unwrap(), &want);
+            let name = v.map_or("default", |v| v.name);
+            eprintln!("{format:?} t={t}: decode {name}: {e:.2e}");
+            assert!(e < 1e-5, "{format:?} t={t}: decode {name}: {e}");
+        }
+        let e1 = rel_l2(&gpu.read::<f32>(&ys[0], t * n_in).unwrap(), &want);
+        let e2 = rel_l2(&gpu.read::<f32>(&y2, t * n_in).unwrap(), &want);
         eprintln!("{format:?} t={t}: decode {e1:.2e}, grouped {e2:.2e}");
         assert!(e1 < 1e-5 && e2 < 1e-5, "{format:?} t={t}: decode {e1}, grouped {e2}");
     }
@@ -298,13 +305,14 @@ fn attn_res_matches_golden() {
 #[test]
 fn gemv_fast_path_and_linear_match_reference() {
     let Some(gpu) = support::gpu() else { return };
-    for (rows, cols, t) in [(1, 8, 1), (17, 64, 3), (33, 136, 1), (127, 40, 33), (65, 17, 2)] {
+    for (rows, cols, t) in [(1, 8, 1), (17, 64, 3), (33, 136, 1), (301, 264, 1), (127, 40, 33), (65, 17, 2)] {
         let w = bf16_round(&support::random_vec(rows as u64, rows * cols));
         let wt = bf16_tensor(&gpu, "w", rows, cols, &w);
         let x = support::random_vec(5, t * cols);
         let xb = gpu.storage_from("x", &x);
         let y = gpu.storage("y", (t * rows * 4) as u64);
-        let variants: Vec<Option<k31_engine::gpu::Kernel>> = vec![None, Some(gemv::GEMV_BF16_V4_R1), Some(gemv::GEMV_BF16_V4_R8)];
+        let variants: Vec<Option<k31_engine::gpu::Kernel>> =
+            std::iter::once(None).chain(gemv::FAST_VARIANTS.iter().filter(|k| !k.needs_subgroups || gpu.caps.subgroups).map(|k| Some(*k))).collect();
         for v in variants {
             if t == 1 {
                 run(&gpu, |enc| gemv::gemv_variant(&gpu, enc, &wt, &xb, &y, v, None).unwrap());
@@ -316,7 +324,7 @@ fn gemv_fast_path_and_linear_match_reference() {
             for r in 0..t {
                 want.extend(reference::gemv::gemv(&w, rows, cols, &x[r * cols..(r + 1) * cols]));
             }
-            assert!(support::nmse(&got, &want) < 1e-10, "[{rows}, {cols}] x {t}: nmse {}", support::nmse(&got, &want));
+            assert!(support::nmse(&got, &want) < 1e-10, "[{rows}, {cols}] x {t} {v:?}: nmse {}", support::nmse(&got, &want));
         }
     }
 }

@@ -8,7 +8,9 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 fn validate(name: &str, src: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string_with_path(src, name))?;
     // The capabilities k31 may enable on a device; variants that need one declare it.
-    let caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_INT64 | Capabilities::COOPERATIVE_MATRIX;
+    // (f16-in-f32 packing is core WGSL; naga gates it only for GL ES downlevel devices.)
+    let caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_INT64 | Capabilities::COOPERATIVE_MATRIX
+        | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
     let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .map_err(|e| e.emit_to_string_with_path(src, name))?;

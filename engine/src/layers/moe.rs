@@ -123,7 +123,7 @@ impl MoeBlock {
         let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act: self.act };
         if t == 1 {
             let h = buf("experts h", t * k * self.cfg.moe_intermediate_size);
-            moe::experts_decode(gpu, enc, &self.store, &call, moe::DECODE_DEFAULT, z, &idx, &wts, &h, &y, prof.as_deref_mut())?;
+            moe::experts_decode(gpu, enc, &self.store, &call, None, z, &idx, &wts, &h, &y, prof.as_deref_mut())?;
         } else {
             let scratch = moe::GroupedScratch::new(gpu, &self.store, t, k);
             moe::experts_grouped(gpu, enc, &self.store, &call, z, &idx, &wts, &scratch, &y, prof.as_deref_mut())?;

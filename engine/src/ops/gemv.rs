@@ -17,10 +17,33 @@ pub const GEMV_BF16_V4_R2: Kernel = Kernel::new("gemv_bf16_v4_r2", "gemv", "gemv
 pub const GEMV_BF16_V4_R4: Kernel = Kernel::new("gemv_bf16_v4_r4", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 4.0)]);
 pub const GEMV_BF16_V4_R8: Kernel = Kernel::new("gemv_bf16_v4_r8", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 8.0)]);
 pub const GEMV_BF16_V4: Kernel = GEMV_BF16_V4_R4;
-pub const KERNELS: &[Kernel] = &[GEMV_BF16, GEMV_F32, GEMV_BF16_V4_R1, GEMV_BF16_V4_R2, GEMV_BF16_V4_R4, GEMV_BF16_V4_R8];
+/// Subgroup kernels (gemv_sg.wgsl): RS rows per subgroup pass, RPW rows per workgroup.
+const fn sg(name: &'static str, c: &'static [(&'static str, f64)]) -> Kernel {
+    Kernel::new(name, "gemv_sg", "gemv_bf16_sg").with_constants(c).subgroups().unchecked()
+}
+pub const GEMV_BF16_SG_RS1: Kernel = sg("gemv_bf16_sg_rs1", &[("RS", 1.0), ("RPW", 8.0)]);
+pub const GEMV_BF16_SG_RS2: Kernel = sg("gemv_bf16_sg_rs2", &[("RS", 2.0), ("RPW", 16.0)]);
+pub const GEMV_BF16_SG_RS4: Kernel = sg("gemv_bf16_sg_rs4", &[("RS", 4.0), ("RPW", 32.0)]);
+pub const GEMV_BF16_SG: Kernel = GEMV_BF16_SG_RS2;
+pub const KERNELS: &[Kernel] = &[
+    GEMV_BF16,
+    GEMV_F32,
+    GEMV_BF16_V4_R1,
+    GEMV_BF16_V4_R2,
+    GEMV_BF16_V4_R4,
+    GEMV_BF16_V4_R8,
+    GEMV_BF16_SG_RS1,
+    GEMV_BF16_SG_RS2,
+    GEMV_BF16_SG_RS4,
+];
+/// Every bf16 fast-path variant (cols % 8 == 0), for tests and benches.
+pub const FAST_VARIANTS: &[Kernel] =
+    &[GEMV_BF16_V4_R1, GEMV_BF16_V4_R2, GEMV_BF16_V4_R4, GEMV_BF16_V4_R8, GEMV_BF16_SG_RS1, GEMV_BF16_SG_RS2, GEMV_BF16_SG_RS4];
 
+/// Rows one workgroup of a fast-path variant covers.
 fn rows_of(kernel: &Kernel) -> u32 {
-    kernel.constants.iter().find(|(n, _)| *n == "ROWS").map(|&(_, v)| v as u32).unwrap_or(1)
+    let c = |name: &str| kernel.constants.iter().find(|(n, _)| *n == name).map(|&(_, v)| v as u32);
+    c("RPW").or(c("ROWS")).unwrap_or(1)
 }
 
 /// Records `y[0..rows] = W x` into `enc`, one dispatch per chunk of W.
@@ -48,7 +71,7 @@ pub fn gemv_variant(
 ) -> Result<(), GpuError> {
     let v4 = w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] % 8 == 0;
     let (kernel, binding) = match w.dtype {
-        DType::BF16 if v4 => (fast.unwrap_or(GEMV_BF16_V4), 5),
+        DType::BF16 if v4 => (fast.unwrap_or(if gpu.caps.subgroups { GEMV_BF16_SG } else { GEMV_BF16_V4 }), 5),
         DType::BF16 => (GEMV_BF16, 1),
         DType::F32 => (GEMV_F32, 4),
         d => return Err(GpuError::Shape(format!("gemv: {} has dtype {}, expected bf16 or f32", w.label, d.name()))),
@@ -64,6 +87,9 @@ pub fn gemv_variant(
             w.rows(),
             w.rows()
         )));
+    }
+    if kernel.needs_subgroups && !gpu.caps.subgroups {
+        return Err(GpuError::Shape(format!("gemv: kernel {} needs subgroups, which this adapter lacks", kernel.name)));
     }
     let pipeline = gpu.pipelines.get(gpu, &kernel)?;
     for chunk in &w.chunks {

@@ -32,6 +32,21 @@ pub const EXPERT_DOWN_BF16: Kernel = Kernel::new("expert_down_bf16", "moe", "exp
 /// Subgroup decode kernels (shaders/moe_sg.wgsl): one subgroup per weight row.
 pub const EXPERT_UP_MXFP4_SG: Kernel = Kernel::new("expert_up_mxfp4_sg", "moe_sg", "expert_up_sg").subgroups();
 pub const EXPERT_DOWN_MXFP4_SG: Kernel = Kernel::new("expert_down_mxfp4_sg", "moe_sg", "expert_down_sg").subgroups();
+const SG2_RS1: &[(&str, f64)] = &[("RS2", 1.0), ("RPW2", 8.0)];
+const SG2_RS2: &[(&str, f64)] = &[("RS2", 2.0), ("RPW2", 16.0)];
+const SG2_RS4: &[(&str, f64)] = &[("RS2", 4.0), ("RPW2", 32.0)];
+const SG2_DOWN_RS1: &[(&str, f64)] = &[("RS2", 1.0), ("RPW2", 1.0)];
+const SG2_DOWN_RS2: &[(&str, f64)] = &[("RS2", 2.0), ("RPW2", 2.0)];
+const SG2_DOWN_RS4: &[(&str, f64)] = &[("RS2", 4.0), ("RPW2", 4.0)];
+const fn sg2(name: &'static str, entry: &'static str, c: &'static [(&'static str, f64)]) -> Kernel {
+    Kernel::new(name, "moe_sg", entry).with_constants(c).subgroups().unchecked()
+}
+pub const EXPERT_UP_MXFP4_SG2: Kernel = sg2("expert_up_mxfp4_sg2", "expert_up_sg2", SG2_RS2);
+pub const EXPERT_UP_MXFP4_SG2_RS1: Kernel = sg2("expert_up_mxfp4_sg2_rs1", "expert_up_sg2", SG2_RS1);
+pub const EXPERT_UP_MXFP4_SG2_RS4: Kernel = sg2("expert_up_mxfp4_sg2_rs4", "expert_up_sg2", SG2_RS4);
+pub const EXPERT_DOWN_MXFP4_SG2: Kernel = sg2("expert_down_mxfp4_sg2", "expert_down_sg2", SG2_DOWN_RS2);
+pub const EXPERT_DOWN_MXFP4_SG2_RS1: Kernel = sg2("expert_down_mxfp4_sg2_rs1", "expert_down_sg2", SG2_DOWN_RS1);
+pub const EXPERT_DOWN_MXFP4_SG2_RS4: Kernel = sg2("expert_down_mxfp4_sg2_rs4", "expert_down_sg2", SG2_DOWN_RS4);
 /// Weight rows per workgroup of the subgroup kernels (RPW in the shader).
 const SG_ROWS: u32 = 16;
 pub const MOE_GROUP: Kernel = Kernel::new("moe_group", "moe", "moe_group");
@@ -54,6 +69,12 @@ pub const KERNELS: &[Kernel] = &[
     EXPERT_DOWN_BF16,
     EXPERT_UP_MXFP4_SG,
     EXPERT_DOWN_MXFP4_SG,
+    EXPERT_UP_MXFP4_SG2,
+    EXPERT_UP_MXFP4_SG2_RS1,
+    EXPERT_UP_MXFP4_SG2_RS4,
+    EXPERT_DOWN_MXFP4_SG2,
+    EXPERT_DOWN_MXFP4_SG2_RS1,
+    EXPERT_DOWN_MXFP4_SG2_RS4,
     MOE_GROUP,
     EXPERT_UP_GROUPED_MXFP4,
     EXPERT_UP_GROUPED_BF16,
@@ -89,21 +110,45 @@ pub(crate) fn dispatch<P: bytemuck::Pod>(
     gpu.dispatch(enc, kernel, params, buffers, groups, profiler)
 }
 
-/// Which decode kernels to run (the default is the 2-row variant; the others are for the bench).
+/// One pair of decode kernels (up stage, down stage) and the weight rows each workgroup covers.
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeKernels {
+    pub name: &'static str,
     pub up: Kernel,
     pub down: Kernel,
-    pub rows: u32,
-    /// Use the subgroup kernels instead when the adapter has subgroups.
-    pub subgroups: bool,
+    pub up_rows: u32,
+    pub down_rows: u32,
 }
 
-pub const DECODE_DEFAULT: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4, down: EXPERT_DOWN_MXFP4, rows: 2, subgroups: true };
-/// The shared-memory kernels even where subgroups exist (tests and benches compare both).
-pub const DECODE_NO_SUBGROUPS: DecodeKernels = DecodeKernels { subgroups: false, ..DECODE_DEFAULT };
-pub const DECODE_R1: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4_R1, down: EXPERT_DOWN_MXFP4_R1, rows: 1, subgroups: false };
-pub const DECODE_R4: DecodeKernels = DecodeKernels { up: EXPERT_UP_MXFP4_R4, down: EXPERT_DOWN_MXFP4_R4, rows: 4, subgroups: false };
+/// Shared-memory kernels (every adapter), `ROWS` = 2 / 1 / 4.
+pub const DECODE_SHARED: DecodeKernels =
+    DecodeKernels { name: "shared r2", up: EXPERT_UP_MXFP4, down: EXPERT_DOWN_MXFP4, up_rows: 2, down_rows: 2 };
+pub const DECODE_R1: DecodeKernels =
+    DecodeKernels { name: "shared r1", up: EXPERT_UP_MXFP4_R1, down: EXPERT_DOWN_MXFP4_R1, up_rows: 1, down_rows: 1 };
+pub const DECODE_R4: DecodeKernels =
+    DecodeKernels { name: "shared r4", up: EXPERT_UP_MXFP4_R4, down: EXPERT_DOWN_MXFP4_R4, up_rows: 4, down_rows: 4 };
+/// Subgroup kernels with arithmetic E2M1 decode and a serial loop over experts in stage 2.
+pub const DECODE_SG: DecodeKernels =
+    DecodeKernels { name: "sg", up: EXPERT_UP_MXFP4_SG, down: EXPERT_DOWN_MXFP4_SG, up_rows: SG_ROWS, down_rows: SG_ROWS };
+/// Subgroup kernels with the paired-f16 decode and experts spread over subgroups in stage 2.
+pub const DECODE_SG2: DecodeKernels =
+    DecodeKernels { name: "sg2 rs2", up: EXPERT_UP_MXFP4_SG2, down: EXPERT_DOWN_MXFP4_SG2, up_rows: 16, down_rows: 2 };
+pub const DECODE_SG2_RS1: DecodeKernels =
+    DecodeKernels { name: "sg2 rs1", up: EXPERT_UP_MXFP4_SG2_RS1, down: EXPERT_DOWN_MXFP4_SG2_RS1, up_rows: 8, down_rows: 1 };
+pub const DECODE_SG2_RS4: DecodeKernels =
+    DecodeKernels { name: "sg2 rs4", up: EXPERT_UP_MXFP4_SG2_RS4, down: EXPERT_DOWN_MXFP4_SG2_RS4, up_rows: 32, down_rows: 4 };
+/// Every MXFP4 decode variant, for tests and benches.
+pub const DECODE_VARIANTS: &[DecodeKernels] = &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SG, DECODE_SG2, DECODE_SG2_RS1, DECODE_SG2_RS4];
+
+/// The fastest MXFP4 decode kernels this adapter can run.
+pub fn decode_default(gpu: &Gpu) -> DecodeKernels {
+    if gpu.caps.subgroups { DECODE_SG2 } else { DECODE_SHARED }
+}
+
+/// Whether the adapter can run `k`.
+pub fn decode_supported(gpu: &Gpu, k: &DecodeKernels) -> bool {
+    !k.up.needs_subgroups || gpu.caps.subgroups
+}
 
 /// Per-call shape and activation of a routed-expert run.
 #[derive(Clone, Copy, Debug)]
@@ -163,7 +208,7 @@ pub fn experts_decode(
     enc: &mut wgpu::CommandEncoder,
     store: &ExpertStore,
     call: &ExpertCall,
-    kernels: DecodeKernels,
+    kernels: Option<DecodeKernels>,
     z: &wgpu::Buffer,
     idx: &wgpu::Buffer,
     wts: &wgpu::Buffer,
@@ -178,30 +223,44 @@ pub fn experts_decode(
     need(wts, t * k * 4, "wts")?;
     need(h, t * k * n_mid * 4, "h")?;
     need(y, t * n_in * 4, "y")?;
-    let (up, down, rows) = match store.layout.format {
-        ExpertFormat::Mxfp4 if kernels.subgroups && gpu.caps.subgroups => (EXPERT_UP_MXFP4_SG, EXPERT_DOWN_MXFP4_SG, SG_ROWS),
-        ExpertFormat::Mxfp4 => (kernels.up, kernels.down, kernels.rows),
-        ExpertFormat::Bf16 => (EXPERT_UP_BF16, EXPERT_DOWN_BF16, 2),
+    let k_sel = match store.layout.format {
+        ExpertFormat::Mxfp4 => kernels.unwrap_or_else(|| decode_default(gpu)),
+        ExpertFormat::Bf16 => DecodeKernels { name: "bf16", up: EXPERT_UP_BF16, down: EXPERT_DOWN_BF16, up_rows: 2, down_rows: 2 },
     };
+    if k_sel.down.entry == "expert_down_sg2" {
+        // Stage-2 partial sums live in a 2048-float workgroup array.
+        if k * k_sel.down_rows as usize > 2048 {
+            return Err(GpuError::Shape(format!("experts: top_k {k} x {} rows exceeds the stage-2 workgroup buffer", k_sel.down_rows)));
+        }
+    }
     let pairs = (t * k) as u32;
     dispatch(
         gpu,
         enc,
-        &up,
+        &k_sel.up,
         &p,
-        &[(1, &store.pool), (2, &store.table), (3, idx), (5, z), (6, h)],
-        ((n_mid as u32).div_ceil(rows), pairs),
+        &with_scales(&k_sel.up, &[(1, &store.pool), (2, &store.table), (3, idx), (5, z), (6, h)], &store.pool),
+        ((n_mid as u32).div_ceil(k_sel.up_rows), pairs),
         profiler.as_deref_mut(),
     )?;
     dispatch(
         gpu,
         enc,
-        &down,
+        &k_sel.down,
         &p,
-        &[(1, &store.pool), (2, &store.table), (3, idx), (4, wts), (5, h), (6, y)],
-        ((n_in as u32).div_ceil(rows), t as u32),
+        &with_scales(&k_sel.down, &[(1, &store.pool), (2, &store.table), (3, idx), (4, wts), (5, h), (6, y)], &store.pool),
+        ((n_in as u32).div_ceil(k_sel.down_rows), t as u32),
         profiler,
     )
+}
+
+/// The sg2 kernels also read the pool as words (binding 7) for the scale bytes.
+fn with_scales<'a>(k: &Kernel, b: &[(u32, &'a wgpu::Buffer)], pool: &'a wgpu::Buffer) -> Vec<(u32, &'a wgpu::Buffer)> {
+    let mut v = b.to_vec();
+    if k.entry.ends_with("_sg2") {
+        v.push((7, pool));
+    }
+    v
 }
 
 /// GPU scratch of the prefill path for `tokens` x `top_k` pairs.

@@ -1,0 +1,82 @@
+// Subgroup bf16 GEMV: y[row_offset + r] = sum_c W[r, c] x[c] for one row chunk of W, with
+// cols % 8 == 0 (host-checked). Each subgroup owns RS rows at a time: lanes stride over
+// the rows' 16-byte units (8 bf16), two units per step with all loads issued before the
+// arithmetic, each activation pair reused for the RS rows; row totals come from subgroupAdd,
+// so no barrier and no workgroup memory. A separate file because a module using subgroup
+// operations needs the SUBGROUP feature; adapters without it keep gemv.wgsl.
+// Grid: ceil(rows / RPW) workgroups (folded 2-D past 65535).
+
+struct GemvParams {
+    rows: u32,
+    cols: u32,
+    row_offset: u32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: GemvParams;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read> w4: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> x4: array<vec4<f32>>;
+
+override RS: u32 = 2u;
+override RPW: u32 = 16u;
+const MAX_RS: u32 = 4u;
+
+fn unit_dot(q: vec4<u32>, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let lo = bitcast<vec4<f32>>(q << vec4<u32>(16u));
+    let hi = bitcast<vec4<f32>>(q & vec4<u32>(0xffff0000u));
+    // Unit element 2i is the low half of word i.
+    return dot(vec4<f32>(lo.x, hi.x, lo.y, hi.y), a) + dot(vec4<f32>(lo.z, hi.z, lo.w, hi.w), b);
+}
+
+@compute @workgroup_size(256)
+fn gemv_bf16_sg(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+) {
+    let block = wg.x + wg.y * nwg.x;
+    let units = p.cols / 8u;
+    for (var r0 = sg * RS; r0 < RPW; r0 += nsg * RS) {
+        let row0 = block * RPW + r0;
+        if (row0 >= p.rows) {
+            break;
+        }
+        var acc: array<f32, MAX_RS>;
+        var u = lane;
+        // Two units per lane per step: 2 * RS weight loads in flight before any arithmetic.
+        for (; u + sgs < units; u += 2u * sgs) {
+            let v = u + sgs;
+            let a0 = x4[2u * u];
+            let b0 = x4[2u * u + 1u];
+            let a1 = x4[2u * v];
+            let b1 = x4[2u * v + 1u];
+            var q0: array<vec4<u32>, MAX_RS>;
+            var q1: array<vec4<u32>, MAX_RS>;
+            for (var i = 0u; i < RS; i++) {
+                let rb = min(row0 + i, p.rows - 1u) * units;
+                q0[i] = w4[rb + u];
+                q1[i] = w4[rb + v];
+            }
+            for (var i = 0u; i < RS; i++) {
+                acc[i] += unit_dot(q0[i], a0, b0) + unit_dot(q1[i], a1, b1);
+            }
+        }
+        if (u < units) {
+            let a0 = x4[2u * u];
+            let b0 = x4[2u * u + 1u];
+            for (var i = 0u; i < RS; i++) {
+                acc[i] += unit_dot(w4[min(row0 + i, p.rows - 1u) * units + u], a0, b0);
+            }
+        }
+        for (var i = 0u; i < RS; i++) {
+            let total = subgroupAdd(acc[i]);
+            if (lane == 0u && row0 + i < p.rows) {
+                y[p.row_offset + row0 + i] = total;
+            }
+        }
+    }
+}
