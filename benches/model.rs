@@ -101,6 +101,16 @@ fn main() -> anyhow::Result<()> {
         e.2 += 1;
         rows.push(serde_json::json!({"scope": op.label, "gpu_us": us, "floor_us": floor_us}));
     }
+    // Where each layer kind spends it: kernels per kind (summed over the layers of the kind).
+    let by_op = prof.report_by(|l| match l.strip_prefix("layer").and_then(|r| r.split_once('.')) {
+        Some((_, rest)) => rest.to_string(),
+        None => l.to_string(),
+    });
+    println!("{:<48} {:>10}", "kind/kernel (all layers of the kind)", "GPU us");
+    for op in by_op.iter().take(40) {
+        println!("{:<48} {:>10.1}  ({} passes/token)", op.label, op.total_ns / steps / 1e3, op.count as f64 / steps);
+    }
+
     // Extrapolate to the full K3.1: per-type mean times x the counts of the real schedule.
     let full = ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?;
     let count = |m: k31_engine::config::Mixer| full.count_mixer(m) as f64;

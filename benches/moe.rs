@@ -4,7 +4,7 @@
 //! 2048-token prefill MoE chunk (grouped by expert on the GPU).
 //! Run: `cargo bench --bench moe [-- --quick] [--json FILE]`.
 
-use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
+use k31_engine::bench::{breakdown, copy_bandwidth, time_gpu, Row};
 use k31_engine::config::{Activation, ExpertFormat};
 use k31_engine::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use k31_engine::gpu::{Gpu, GpuTensor};
@@ -82,6 +82,16 @@ fn main() -> anyhow::Result<()> {
             };
             row.print();
             rows.push(row);
+            for (label, secs) in breakdown(&gpu, 10, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, Some(*kern), &z, &idx, &wts, &h, &y, prof))? {
+                println!("    {label:<40} {:>9.2} us", secs * 1e6);
+            }
+        }
+        // Probes (wrong results, bench only): the sg2 memory pattern without the f16
+        // widening, and without any nibble decode, to see what bounds the real kernels.
+        for kern in moe::DECODE_PROBES.iter().filter(|v| moe::decode_supported(&gpu, v)) {
+            for (label, secs) in breakdown(&gpu, 10, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, Some(*kern), &z, &idx, &wts, &h, &y, prof))? {
+                println!("probe {:<12} {label:<34} {:>9.2} us", kern.name, secs * 1e6);
+            }
         }
     }
 

@@ -221,13 +221,22 @@ fn load_xg(xo: u32) -> Xg {
     return g;
 }
 
+// Bench probes (wrong results): 1 = skip the f16 widening, 2 = skip the nibble decode.
+override PROBE: u32 = 0u;
+
 fn word_dot(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    if (PROBE == 2u) {
+        return dot(vec4<f32>(bitcast<f32>(w)), a);
+    }
     let m = 0x0e000e00u;
     let s = 0x80008000u;
     let p0 = ((w << 9u) & m) | ((w << 12u) & s);
     let p1 = ((w << 5u) & m) | ((w << 8u) & s);
     let p2 = ((w << 1u) & m) | ((w << 4u) & s);
     let p3 = ((w >> 3u) & m) | (w & s);
+    if (PROBE == 1u) {
+        return dot(bitcast<vec4<f32>>(vec4<u32>(p0, p1, p2, p3)), a + b);
+    }
     return dot(vec4<f32>(unpack2x16float(p0), unpack2x16float(p1)), a) + dot(vec4<f32>(unpack2x16float(p2), unpack2x16float(p3)), b);
 }
 
@@ -319,6 +328,140 @@ fn expert_down_sg2(
                 for (var i = 0u; i < RS2; i++) {
                     let o = min(row0 + i, p.n_in - 1u) * groups + g;
                     acc[i] += scale14(base, p.off_s2 + o) * group_dot2(pool[base + p.off_w2 + o], xg);
+                }
+            }
+        }
+        for (var i = 0u; i < RS2; i++) {
+            let total = subgroupAdd(acc[i]);
+            if (lane == 0u) {
+                down_part[j * RPW2 + r0 + i] = total;
+            }
+        }
+    }
+    workgroupBarrier();
+    let row = wg.x * RPW2 + lid;
+    if (lid < RPW2 && row < p.n_in) {
+        var y = 0.0;
+        for (var j = 0u; j < p.top_k; j++) {
+            y += wts[t * p.top_k + j] * down_part[j * RPW2 + lid];
+        }
+        out[t * p.n_in + row] = y;
+    }
+}
+
+// ---- sg3: sg2 with two groups per lane per step (groups g and g + subgroup size), all of
+// a step's weight and scale loads issued before its arithmetic: twice the bytes in flight
+// per lane (sg2's four-step loops were latency-bound, not ALU-bound). RS2 rows per pass.
+
+struct Wq {
+    q: vec4<u32>,
+    s: f32,
+}
+
+fn load_wq(base: u32, off_w: u32, off_s: u32, o: u32) -> Wq {
+    return Wq(pool[base + off_w + o], scale14(base, off_s + o));
+}
+
+@compute @workgroup_size(256)
+fn expert_up_sg3(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+) {
+    let pair = wg.y;
+    if (pair >= p.tokens * p.top_k) {
+        return;
+    }
+    let base = slot_base(idx[pair]);
+    let xb = (pair / p.top_k) * (p.n_in / 4u);
+    let groups = p.n_in / 32u;
+    for (var r0 = sg * RS2; r0 < RPW2; r0 += nsg * RS2) {
+        let row0 = wg.x * RPW2 + r0;
+        if (row0 >= p.n_mid) {
+            break;
+        }
+        var ga: array<f32, MAX_RS2>;
+        var ua: array<f32, MAX_RS2>;
+        for (var g = lane; g < groups; g += 2u * sgs) {
+            let g2 = g + sgs;
+            let live2 = g2 < groups;
+            let h = select(g, g2, live2);
+            var w1a: array<Wq, MAX_RS2>;
+            var w3a: array<Wq, MAX_RS2>;
+            var w1b: array<Wq, MAX_RS2>;
+            var w3b: array<Wq, MAX_RS2>;
+            for (var i = 0u; i < RS2; i++) {
+                let rb = min(row0 + i, p.n_mid - 1u) * groups;
+                w1a[i] = load_wq(base, p.off_w1, p.off_s1, rb + g);
+                w3a[i] = load_wq(base, p.off_w3, p.off_s3, rb + g);
+                w1b[i] = load_wq(base, p.off_w1, p.off_s1, rb + h);
+                w3b[i] = load_wq(base, p.off_w3, p.off_s3, rb + h);
+            }
+            let xa = load_xg(xb + g * 8u);
+            let xh = load_xg(xb + h * 8u);
+            for (var i = 0u; i < RS2; i++) {
+                ga[i] += w1a[i].s * group_dot2(w1a[i].q, xa);
+                ua[i] += w3a[i].s * group_dot2(w3a[i].q, xa);
+                if (live2) {
+                    ga[i] += w1b[i].s * group_dot2(w1b[i].q, xh);
+                    ua[i] += w3b[i].s * group_dot2(w3b[i].q, xh);
+                }
+            }
+        }
+        for (var i = 0u; i < RS2; i++) {
+            let gs = subgroupAdd(ga[i]);
+            let us = subgroupAdd(ua[i]);
+            if (lane == 0u && row0 + i < p.n_mid) {
+                out[pair * p.n_mid + row0 + i] = glu(gs, us);
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(256)
+fn expert_down_sg3(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+) {
+    let t = wg.y;
+    if (t >= p.tokens) {
+        return;
+    }
+    let groups = p.n_mid / 32u;
+    let blocks = RPW2 / RS2;
+    for (var item = sg; item < p.top_k * blocks; item += nsg) {
+        let j = item / blocks;
+        let r0 = (item % blocks) * RS2;
+        let row0 = wg.x * RPW2 + r0;
+        let pair = t * p.top_k + j;
+        let base = slot_base(idx[pair]);
+        let xb = pair * (p.n_mid / 4u);
+        var acc: array<f32, MAX_RS2>;
+        if (row0 < p.n_in) {
+            for (var g = lane; g < groups; g += 2u * sgs) {
+                let g2 = g + sgs;
+                let live2 = g2 < groups;
+                let h = select(g, g2, live2);
+                var wa: array<Wq, MAX_RS2>;
+                var wb: array<Wq, MAX_RS2>;
+                for (var i = 0u; i < RS2; i++) {
+                    let rb = min(row0 + i, p.n_in - 1u) * groups;
+                    wa[i] = load_wq(base, p.off_w2, p.off_s2, rb + g);
+                    wb[i] = load_wq(base, p.off_w2, p.off_s2, rb + h);
+                }
+                let xa = load_xg(xb + g * 8u);
+                let xh = load_xg(xb + h * 8u);
+                for (var i = 0u; i < RS2; i++) {
+                    acc[i] += wa[i].s * group_dot2(wa[i].q, xa);
+                    if (live2) {
+                        acc[i] += wb[i].s * group_dot2(wb[i].q, xh);
+                    }
                 }
             }
         }

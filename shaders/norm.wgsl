@@ -22,17 +22,31 @@ fn bf16_at(i: u32) -> f32 {
     return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
 }
 
+// Grid (column chunks, rows): every workgroup of a row sums the row's squares (UNROLL loads
+// per thread in flight: a d-strided loop of dependent steps was latency-bound at ~20 us for
+// one 7168-wide row on an H200), then scales its share of the columns. Decode spreads a row
+// over several workgroups; prefill uses one per row (no redundant reads).
+const UNROLL: u32 = 8u;
+
 @compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r = wg.x + wg.y * nwg.x;
+    let r = wg.y;
     if (r >= p.rows) {
         return;
     }
     let base = r * p.n;
     var ss = 0.0;
-    for (var i = lid; i < p.n; i += WG) {
-        let v = x[base + i];
-        ss += v * v;
+    for (var i0 = 0u; i0 < p.n; i0 += WG * UNROLL) {
+        var v: array<f32, UNROLL>;
+        for (var k = 0u; k < UNROLL; k++) {
+            let i = i0 + k * WG + lid;
+            if (i < p.n) {
+                v[k] = x[base + i];
+            }
+        }
+        for (var k = 0u; k < UNROLL; k++) {
+            ss += v[k] * v[k];
+        }
     }
     partial[lid] = ss;
     workgroupBarrier();
@@ -43,7 +57,9 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
         workgroupBarrier();
     }
     let inv = inverseSqrt(partial[0] / f32(p.n) + p.eps);
-    for (var i = lid; i < p.n; i += WG) {
+    let per = (p.n + nwg.x - 1u) / nwg.x;
+    let end = min(p.n, (wg.x + 1u) * per);
+    for (var i = wg.x * per + lid; i < end; i += WG) {
         out[base + i] = x[base + i] * inv * bf16_at(i);
     }
 }

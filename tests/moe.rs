@@ -289,7 +289,7 @@ fn attn_res_matches_golden() {
         let (bb, cb) = (gpu.storage_from("bank", &bank), gpu.storage_from("cur", &cur));
         let (gb, pb) = (gpu.storage_from("gamma", &bf16_bytes(gamma)), gpu.storage_from("proj", &bf16_bytes(proj)));
         let out = gpu.storage("out", (t * d * 4) as u64);
-        let alpha = gpu.storage("alpha", (t * n * 4) as u64);
+        let alpha = gpu.storage("alpha", (2 * t * n * 4) as u64);
         run(&gpu, |enc| attn_res::attn_res(&gpu, enc, t, d, n - 1, t * d, 1e-5, &bb, &cb, &gb, &pb, &out, &alpha, None).unwrap());
         let (o, a): (Vec<f32>, Vec<f32>) = (gpu.read(&out, t * d).unwrap(), gpu.read(&alpha, t * n).unwrap());
         let (wo, wa) = (&golden::get(&f, &format!("n{n}.out")).1, &golden::get(&f, &format!("n{n}.alpha")).1);
@@ -332,7 +332,7 @@ fn gemv_fast_path_and_linear_match_reference() {
 #[test]
 fn rms_norm_and_glu_match_reference() {
     let Some(gpu) = support::gpu() else { return };
-    for (rows, n) in [(1, 7), (3, 128), (17, 300)] {
+    for (rows, n) in [(1, 7), (3, 128), (17, 300), (2, 2500), (40, 1100)] {
         let x = support::random_vec(1, rows * n);
         let w = bf16_round(&support::random_vec(2, n));
         let (xb, wb, out) = (gpu.storage_from("x", &x), gpu.storage_from("w", &bf16_bytes(&w)), gpu.storage("o", (rows * n * 4) as u64));

@@ -43,6 +43,29 @@ pub fn time_gpu(
     Ok(samples[samples.len() / 2])
 }
 
+/// Mean GPU time per kernel label over `reps` recordings (after one warm-up), largest first:
+/// where a multi-dispatch op spends its time.
+pub fn breakdown(
+    gpu: &Gpu,
+    reps: usize,
+    mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Profiler>) -> Result<(), GpuError>,
+) -> Result<Vec<(String, f64)>, GpuError> {
+    let mut profiler = Profiler::new(gpu, 1024);
+    if !profiler.enabled() {
+        return Ok(Vec::new());
+    }
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    record(&mut enc, None)?;
+    gpu.queue.submit([enc.finish()]);
+    for _ in 0..reps {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        record(&mut enc, Some(&mut profiler))?;
+        gpu.queue.submit([enc.finish()]);
+        profiler.collect(gpu)?;
+    }
+    Ok(profiler.report().into_iter().map(|t| (t.label, t.total_ns * 1e-9 / reps as f64)).collect())
+}
+
 /// Device copy bandwidth in bytes/s (read + write counted), over a buffer of `bytes`.
 pub fn copy_bandwidth(gpu: &Gpu, bytes: u64) -> Result<f64, GpuError> {
     let bytes = (bytes.min(gpu.caps.max_binding) / 16) * 16;

@@ -34,8 +34,13 @@ pub fn rms_norm(
     if n == 0 || x.size() < (rows * n * 4) as u64 || out.size() < (rows * n * 4) as u64 || w.size() < (n * 2) as u64 {
         return Err(GpuError::Shape(format!("rms_norm: buffers too small for [{rows}, {n}]")));
     }
+    if rows as u32 > gpu.caps.max_workgroups_per_dim {
+        return Err(GpuError::Shape(format!("rms_norm: {rows} rows in one call (at most {})", gpu.caps.max_workgroups_per_dim)));
+    }
     let p = NormParams { rows: rows as u32, n: n as u32, eps, _pad: 0 };
-    dispatch(gpu, enc, &RMS_NORM, &p, &[(1, x), (2, w), (3, out)], (rows as u32, 1), profiler)
+    // Few rows (decode): split each row's columns over workgroups of ~1024.
+    let chunks = if rows < 32 { n.div_ceil(1024).min(64) } else { 1 } as u32;
+    gpu.record_with_uniform(enc, &RMS_NORM, &gpu.uniform(RMS_NORM.name, &p), &[(1, x), (2, w), (3, out)], (chunks, rows as u32), profiler)
 }
 
 /// out [n] = act(gate [n], up [n]).
