@@ -197,7 +197,8 @@ impl Model {
         let g = &*self.gpu;
         let d = cfg.hidden_size;
         let td = t * d;
-        let buf = |label: &str| g.storage(label, (td * 4) as u64);
+        g.begin_frame();
+        let buf = |label: &str| g.scratch(label, (td * 4) as u64);
         let ids = g.storage_from("token ids", tokens);
         let carry = buf("carry");
         let h = buf("aggregated");
@@ -209,8 +210,8 @@ impl Model {
         // Bank of completed blocks, [n, T, d]: the embedding plus one entry per block boundary.
         let block = cfg.attn_res_block_size.unwrap_or(usize::MAX);
         let bank_cap = if cfg.attn_res_block_size.is_some() { cfg.num_layers().div_ceil(block) + 1 } else { 0 };
-        let bank = g.storage("attn-res bank", (bank_cap.max(1) * td * 4) as u64);
-        let alpha = g.storage("attn-res weights", (2 * t * (bank_cap + 1) * 4) as u64);
+        let bank = g.scratch("attn-res bank", (bank_cap.max(1) * td * 4) as u64);
+        let alpha = g.scratch("attn-res weights", (2 * t * (bank_cap + 1) * 4) as u64);
         let eps = cfg.rms_norm_eps;
         let mut prof = hooks.profiler.take();
         let mut diagnostics = Vec::new();
@@ -306,11 +307,11 @@ impl Model {
         let head_in = if rows == t {
             normed
         } else {
-            let last = g.storage("last hidden", (d * 4) as u64);
+            let last = g.scratch("last hidden", (d * 4) as u64);
             enc.copy_buffer_to_buffer(&normed, ((t - 1) * d * 4) as u64, &last, 0, (d * 4) as u64);
             last
         };
-        let logits = g.storage("logits", (rows * vocab * 4) as u64);
+        let logits = g.scratch("logits", (rows * vocab * 4) as u64);
         linear(g, &mut enc, &self.lm_head, rows, &head_in, &logits, prof.as_deref_mut())?;
         g.queue.submit([enc.finish()]);
         let logits: Vec<f32> = g.read(&logits, rows * vocab)?;

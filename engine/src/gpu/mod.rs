@@ -2,6 +2,7 @@
 //! cache and the timestamp profiler. Nothing model-specific lives here.
 
 pub mod adapter;
+mod frame;
 pub mod pipelines;
 pub mod profiler;
 pub mod tensor;
@@ -11,6 +12,7 @@ pub use pipelines::{Kernel, PipelineCache};
 pub use profiler::{OpTime, Profiler};
 pub use tensor::{GpuTensor, TensorChunk};
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
@@ -64,6 +66,14 @@ pub struct Gpu {
     pub queue: wgpu::Queue,
     pub caps: Capabilities,
     pub pipelines: PipelineCache,
+    /// Process-unique id (keys this device's per-thread frames).
+    id: u64,
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        frame::forget(self.id);
+    }
 }
 
 /// Lists every adapter in preference order.
@@ -118,7 +128,9 @@ impl Gpu {
             storage_offset_alignment: limits.min_storage_buffer_offset_alignment,
         };
         let pipelines = PipelineCache::default();
-        Ok(Arc::new(Gpu { adapter, info, device, queue, caps, pipelines }))
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(Arc::new(Gpu { adapter, info, device, queue, caps, pipelines, id }))
     }
 
     /// One line naming the adapter, for logs and test output.
@@ -155,6 +167,24 @@ impl Gpu {
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         })
+    }
+
+    /// Starts a forward pass: uniform slots, scratch buffers and bind groups of the last
+    /// forward become reusable (see `frame`). Call only when everything recorded before has
+    /// been submitted.
+    pub fn begin_frame(&self) {
+        frame::with(self.id, |f| f.begin());
+    }
+
+    /// Scratch storage of `bytes` for the current forward: contents undefined (a recycled
+    /// buffer holds the last forward's data; debug builds fill it with NaN so a kernel that
+    /// reads before writing fails the tests). Use `storage` where zeros are needed.
+    pub fn scratch(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        let (buf, recycled) = frame::with(self.id, |f| f.scratch(&self.device, label, bytes));
+        if recycled && cfg!(debug_assertions) {
+            self.queue.write_buffer(&buf, 0, &vec![0xff; buf.size() as usize]);
+        }
+        buf
     }
 
     /// A uniform buffer holding one parameter struct.
@@ -219,10 +249,6 @@ impl Gpu {
         groups: [u32; 3],
         profiler: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
-        let max = self.caps.max_workgroups_per_dim;
-        if groups.iter().any(|&g| g > max) {
-            return Err(GpuError::Shape(format!("{}: grid {groups:?} exceeds {max} workgroups per dimension", kernel.name)));
-        }
         let pipeline = self.pipelines.get(self, kernel)?;
         let e: Vec<wgpu::BindGroupEntry> =
             entries.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
@@ -231,12 +257,7 @@ impl Gpu {
             layout: &pipeline.get_bind_group_layout(0),
             entries: &e,
         });
-        let timestamp_writes = profiler.and_then(|p| p.pass(kernel.name));
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind, &[]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        Ok(())
+        self.pass(enc, kernel, &pipeline, &bind, groups, profiler)
     }
 
     /// [`Gpu::record`] with `uniform` at binding 0 and `buffers` at theirs, over `groups.0`
@@ -254,13 +275,7 @@ impl Gpu {
         let mut entries = Vec::with_capacity(buffers.len() + 1);
         entries.push((0, uniform));
         entries.extend_from_slice(buffers);
-        let grid = if groups.1 > 1 {
-            [groups.0.max(1), groups.1, 1]
-        } else {
-            let (gx, gy) = self.grid(groups.0);
-            [gx, gy, 1]
-        };
-        self.record(enc, kernel, &entries, grid, profiler)
+        self.record(enc, kernel, &entries, self.grid_of(groups), profiler)
     }
 
     /// [`Gpu::record_with_uniform`] with a fresh uniform holding `params`.
@@ -273,8 +288,69 @@ impl Gpu {
         groups: (u32, u32),
         profiler: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
-        let uniform = self.uniform(kernel.name, params);
-        self.record_with_uniform(enc, kernel, &uniform, buffers, groups, profiler)
+        let bytes = bytemuck::bytes_of(params);
+        let slot = frame::with(self.id, |f| f.uniform_slot(&self.device, &self.queue, bytes));
+        let Some((arena, offset, slot)) = slot else {
+            let uniform = self.uniform(kernel.name, params);
+            return self.record_with_uniform(enc, kernel, &uniform, buffers, groups, profiler);
+        };
+        let pipeline = self.pipelines.get(self, kernel)?;
+        let key = frame::BindKey { kernel: kernel.name, uniform_slot: slot, buffers: buffers.iter().map(|(b, buf)| (*b, (*buf).clone())).collect() };
+        let cached = frame::with(self.id, |f| f.bind_group(&key));
+        let bind = match cached {
+            Some(b) => b,
+            None => {
+                let mut e = vec![wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &arena,
+                        offset,
+                        size: std::num::NonZeroU64::new(bytes.len() as u64),
+                    }),
+                }];
+                e.extend(buffers.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }));
+                let b = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(kernel.name),
+                    layout: &pipeline.get_bind_group_layout(0),
+                    entries: &e,
+                });
+                frame::with(self.id, |f| f.keep_bind_group(key, b.clone()));
+                b
+            }
+        };
+        let grid = self.grid_of(groups);
+        self.pass(enc, kernel, &pipeline, &bind, grid, profiler)
+    }
+
+    /// The dispatch grid for `groups` (see [`Gpu::record_with_uniform`]).
+    fn grid_of(&self, groups: (u32, u32)) -> [u32; 3] {
+        if groups.1 > 1 {
+            [groups.0.max(1), groups.1, 1]
+        } else {
+            let (gx, gy) = self.grid(groups.0);
+            [gx, gy, 1]
+        }
+    }
+
+    fn pass(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        kernel: &Kernel,
+        pipeline: &wgpu::ComputePipeline,
+        bind: &wgpu::BindGroup,
+        groups: [u32; 3],
+        profiler: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        let max = self.caps.max_workgroups_per_dim;
+        if groups.iter().any(|&g| g > max) {
+            return Err(GpuError::Shape(format!("{}: grid {groups:?} exceeds {max} workgroups per dimension", kernel.name)));
+        }
+        let timestamp_writes = profiler.and_then(|p| p.pass(kernel.profile_label()));
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, bind, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        Ok(())
     }
 
     /// Splits a 1-D workgroup count into a grid that respects the per-dimension limit.

@@ -22,11 +22,13 @@ pub struct Kernel {
     /// host-checked and covered by tests at awkward shapes (the checks cost ALU in the
     /// bandwidth-bound decode kernels).
     pub unchecked: bool,
+    /// Profiler label when variants of one op should report together (default: `name`).
+    pub profile_as: Option<&'static str>,
 }
 
 impl Kernel {
     pub const fn new(name: &'static str, shader: &'static str, entry: &'static str) -> Kernel {
-        Kernel { name, shader, entry, constants: &[], needs_subgroups: false, needs_f16: false, needs_coopmat: false, unchecked: false }
+        Kernel { name, shader, entry, constants: &[], needs_subgroups: false, needs_f16: false, needs_coopmat: false, unchecked: false, profile_as: None }
     }
     pub const fn with_constants(mut self, constants: &'static [(&'static str, f64)]) -> Kernel {
         self.constants = constants;
@@ -39,6 +41,17 @@ impl Kernel {
     pub const fn f16(mut self) -> Kernel {
         self.needs_f16 = true;
         self
+    }
+    pub const fn profile_as(mut self, label: &'static str) -> Kernel {
+        self.profile_as = Some(label);
+        self
+    }
+    /// The label its passes get in a profile.
+    pub fn profile_label(&self) -> &'static str {
+        match self.profile_as {
+            Some(l) => l,
+            None => self.name,
+        }
     }
     pub const fn unchecked(mut self) -> Kernel {
         self.unchecked = true;

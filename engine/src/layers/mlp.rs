@@ -61,7 +61,7 @@ impl GluMlp {
         mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
         let inner = self.gate.rows();
-        let buf = |label: &str| gpu.storage(label, (tokens * inner * 4) as u64);
+        let buf = |label: &str| gpu.scratch(label, (tokens * inner * 4) as u64);
         let (g, u, a) = (buf("mlp gate"), buf("mlp up"), buf("mlp act"));
         linear(gpu, enc, &self.gate, tokens, x, &g, prof.as_deref_mut())?;
         linear(gpu, enc, &self.up, tokens, x, &u, prof.as_deref_mut())?;

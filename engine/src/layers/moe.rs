@@ -106,7 +106,7 @@ impl MoeBlock {
     ) -> Result<(), GpuError> {
         let (d, e, k) = (self.hidden, self.cfg.num_experts, self.cfg.experts_per_token);
         let n_in = self.cfg.expert_io(d);
-        let buf = |label: &str, n: usize| gpu.storage(label, (n * 4) as u64);
+        let buf = |label: &str, n: usize| gpu.scratch(label, (n * 4) as u64);
         let (logits, idx, wts) = (buf("router logits", t * e), buf("router idx", t * k), buf("router weights", t * k));
         linear(gpu, enc, &self.gate, t, x, &logits, prof.as_deref_mut())?;
         router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, prof.as_deref_mut())?;

@@ -12,14 +12,18 @@ shader_params!(
 pub const GEMV_BF16: Kernel = Kernel::new("gemv_bf16", "gemv", "gemv_bf16");
 pub const GEMV_F32: Kernel = Kernel::new("gemv_f32", "gemv", "gemv_f32");
 /// 16-byte loads, `ROWS` rows per workgroup (cols % 8 == 0); variants for the bench.
-pub const GEMV_BF16_V4_R1: Kernel = Kernel::new("gemv_bf16_v4_r1", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 1.0)]);
-pub const GEMV_BF16_V4_R2: Kernel = Kernel::new("gemv_bf16_v4_r2", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 2.0)]);
-pub const GEMV_BF16_V4_R4: Kernel = Kernel::new("gemv_bf16_v4_r4", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 4.0)]);
-pub const GEMV_BF16_V4_R8: Kernel = Kernel::new("gemv_bf16_v4_r8", "gemv", "gemv_bf16_v4").with_constants(&[("ROWS", 8.0)]);
+pub const GEMV_BF16_V4_R1: Kernel = v4("gemv_bf16_v4_r1", &[("ROWS", 1.0)]);
+pub const GEMV_BF16_V4_R2: Kernel = v4("gemv_bf16_v4_r2", &[("ROWS", 2.0)]);
+pub const GEMV_BF16_V4_R4: Kernel = v4("gemv_bf16_v4_r4", &[("ROWS", 4.0)]);
+pub const GEMV_BF16_V4_R8: Kernel = v4("gemv_bf16_v4_r8", &[("ROWS", 8.0)]);
+// Every bf16 variant reports as gemv_bf16, so profiles stay comparable.
+const fn v4(name: &'static str, c: &'static [(&'static str, f64)]) -> Kernel {
+    Kernel::new(name, "gemv", "gemv_bf16_v4").with_constants(c).profile_as("gemv_bf16")
+}
 pub const GEMV_BF16_V4: Kernel = GEMV_BF16_V4_R4;
 /// Subgroup kernels (gemv_sg.wgsl): RS rows per subgroup pass, RPW rows per workgroup.
 const fn sg(name: &'static str, c: &'static [(&'static str, f64)]) -> Kernel {
-    Kernel::new(name, "gemv_sg", "gemv_bf16_sg").with_constants(c).subgroups().unchecked()
+    Kernel::new(name, "gemv_sg", "gemv_bf16_sg").with_constants(c).subgroups().unchecked().profile_as("gemv_bf16")
 }
 pub const GEMV_BF16_SG_RS1: Kernel = sg("gemv_bf16_sg_rs1", &[("RS", 1.0), ("RPW", 8.0)]);
 pub const GEMV_BF16_SG_RS2: Kernel = sg("gemv_bf16_sg_rs2", &[("RS", 2.0), ("RPW", 16.0)]);
@@ -91,33 +95,14 @@ pub fn gemv_variant(
     if kernel.needs_subgroups && !gpu.caps.subgroups {
         return Err(GpuError::Shape(format!("gemv: kernel {} needs subgroups, which this adapter lacks", kernel.name)));
     }
-    let pipeline = gpu.pipelines.get(gpu, &kernel)?;
+    let per = if v4 { rows_of(&kernel) } else { 1 };
     for chunk in &w.chunks {
         if chunk.rows == 0 {
             continue;
         }
         let params = GemvParams { rows: chunk.rows as u32, cols: cols as u32, row_offset: chunk.first_row as u32, _pad: 0 };
-        let uniform = gpu.uniform("gemv params", &params);
-        let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.name),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() },
-                wgpu::BindGroupEntry { binding, resource: chunk.buffer.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: if v4 { 6 } else { 2 }, resource: x.as_entire_binding() },
-                wgpu::BindGroupEntry { binding: 3, resource: y.as_entire_binding() },
-            ],
-        });
-        // Every bf16 variant reports under one row, so profiles stay comparable.
-        let label = if w.dtype == DType::BF16 { GEMV_BF16.name } else { kernel.name };
-        let timestamp_writes = profiler.as_deref_mut().and_then(|p| p.pass(label));
-        let mut pass =
-            enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind, &[]);
-        let per = if v4 { rows_of(&kernel) } else { 1 };
-        let (gx, gy) = gpu.grid((chunk.rows as u32).div_ceil(per));
-        pass.dispatch_workgroups(gx, gy, 1);
+        let bufs = [(binding, &chunk.buffer), (if v4 { 6 } else { 2 }, x), (3, y)];
+        gpu.dispatch(enc, &kernel, &params, &bufs, ((chunk.rows as u32).div_ceil(per), 1), profiler.as_deref_mut())?;
     }
     Ok(())
 }

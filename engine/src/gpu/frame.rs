@@ -1,0 +1,129 @@
+//! Per-forward reuse of what every dispatch used to create: uniform buffers, scratch
+//! buffers and bind groups. Decode runs the same graph every token, so the i-th dispatch of
+//! a forward gets the i-th uniform slot, the same scratch buffers come back in the same
+//! order, and its bind group is found in the cache instead of being rebuilt. Nothing here
+//! changes results: a kernel sees the same bytes as with fresh buffers (scratch contents are
+//! stale, which is why debug builds poison recycled scratch with NaN).
+//! Frames are per thread (see `FRAMES`).
+
+use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
+
+thread_local! {
+    /// One frame per (thread, device): a forward runs on one thread, and forwards on other
+    /// threads (tests, several sessions) must not recycle each other's buffers.
+    static FRAMES: RefCell<HashMap<u64, Frame>> = RefCell::new(HashMap::new());
+}
+
+/// Runs `f` on this thread's frame of device `gpu_id`.
+pub(crate) fn with<R>(gpu_id: u64, f: impl FnOnce(&mut Frame) -> R) -> R {
+    FRAMES.with(|m| f(m.borrow_mut().entry(gpu_id).or_insert_with(Frame::new)))
+}
+
+/// Drops this thread's frame of device `gpu_id` (when the device goes).
+pub(crate) fn forget(gpu_id: u64) {
+    let _ = FRAMES.try_with(|m| m.borrow_mut().remove(&gpu_id));
+}
+
+/// Bytes per uniform slot (>= every params struct and the offset alignment).
+const SLOT: u64 = 256;
+/// Uniform slots per forward; past this, dispatches fall back to fresh uniform buffers.
+const SLOTS: usize = 16384;
+
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct BindKey {
+    pub kernel: &'static str,
+    pub uniform_slot: usize,
+    pub buffers: Vec<(u32, wgpu::Buffer)>,
+}
+
+pub(crate) struct Frame {
+    arena: Option<wgpu::Buffer>,
+    /// What each arena slot holds on the GPU (writes are skipped when unchanged).
+    mirror: Vec<Vec<u8>>,
+    next_slot: usize,
+    free: HashMap<u64, VecDeque<wgpu::Buffer>>,
+    used: Vec<(u64, wgpu::Buffer)>,
+    binds: HashMap<BindKey, (wgpu::BindGroup, u64)>,
+    frame: u64,
+}
+
+impl Frame {
+    pub fn new() -> Frame {
+        Frame { arena: None, mirror: Vec::new(), next_slot: 0, free: HashMap::new(), used: Vec::new(), binds: HashMap::new(), frame: 0 }
+    }
+
+    /// Starts a forward: slots from 0 again, last forward's scratch buffers reusable in the
+    /// order they were handed out; scratch and bind groups the last forward did not use go.
+    pub fn begin(&mut self) {
+        self.next_slot = 0;
+        self.free.clear();
+        for (size, b) in self.used.drain(..) {
+            self.free.entry(size).or_default().push_back(b);
+        }
+        let keep = self.frame;
+        self.binds.retain(|_, (_, last)| *last == keep);
+        self.frame += 1;
+    }
+
+    /// The arena slot holding `bytes` for this dispatch (written only if it changed), or
+    /// None when the forward has used every slot.
+    pub fn uniform_slot(&mut self, device: &wgpu::Device, queue: &wgpu::Queue, bytes: &[u8]) -> Option<(wgpu::Buffer, u64, usize)> {
+        if self.next_slot >= SLOTS || bytes.len() as u64 > SLOT {
+            return None;
+        }
+        let arena = self
+            .arena
+            .get_or_insert_with(|| {
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("uniform arena"),
+                    size: SLOT * SLOTS as u64,
+                    usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })
+            .clone();
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        if self.mirror.len() <= slot {
+            self.mirror.resize(slot + 1, Vec::new());
+        }
+        if self.mirror[slot] != bytes {
+            queue.write_buffer(&arena, slot as u64 * SLOT, bytes);
+            self.mirror[slot] = bytes.to_vec();
+        }
+        Some((arena, slot as u64 * SLOT, slot))
+    }
+
+    /// A storage buffer of `bytes` (rounded to words) for this forward: last forward's buffer
+    /// of that size at this point of the graph, or a new one. `recycled` says which.
+    pub fn scratch(&mut self, device: &wgpu::Device, label: &str, bytes: u64) -> (wgpu::Buffer, bool) {
+        let size = bytes.div_ceil(4).max(1) * 4;
+        let (buf, recycled) = match self.free.get_mut(&size).and_then(|q| q.pop_front()) {
+            Some(b) => (b, true),
+            None => (
+                device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some(label),
+                    size,
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                }),
+                false,
+            ),
+        };
+        self.used.push((size, buf.clone()));
+        (buf, recycled)
+    }
+
+    pub fn bind_group(&mut self, key: &BindKey) -> Option<wgpu::BindGroup> {
+        let frame = self.frame;
+        self.binds.get_mut(key).map(|(g, last)| {
+            *last = frame;
+            g.clone()
+        })
+    }
+
+    pub fn keep_bind_group(&mut self, key: BindKey, group: wgpu::BindGroup) {
+        self.binds.insert(key, (group, self.frame));
+    }
+}
