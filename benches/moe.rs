@@ -86,13 +86,6 @@ fn main() -> anyhow::Result<()> {
                 println!("    {label:<40} {:>9.2} us", secs * 1e6);
             }
         }
-        // Probes (wrong results, bench only): the sg2 memory pattern without the f16
-        // widening, and without any nibble decode, to see what bounds the real kernels.
-        for kern in moe::DECODE_PROBES.iter().filter(|v| moe::decode_supported(&gpu, v)) {
-            for (label, secs) in breakdown(&gpu, 10, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, Some(*kern), &z, &idx, &wts, &h, &y, prof))? {
-                println!("probe {:<12} {label:<34} {:>9.2} us", kern.name, secs * 1e6);
-            }
-        }
     }
 
     // Prefill chunk: T tokens, top_k of the resident experts each, grouped on the GPU.

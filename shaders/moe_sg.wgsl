@@ -211,32 +211,27 @@ struct Xg {
 }
 
 fn load_xg(xo: u32) -> Xg {
-    var g: Xg;
-    for (var j = 0u; j < 4u; j++) {
-        let lo = x[xo + 2u * j];
-        let hi = x[xo + 2u * j + 1u];
-        g.a[j] = vec4<f32>(lo.x, hi.x, lo.y, hi.y);
-        g.b[j] = vec4<f32>(lo.z, hi.z, lo.w, hi.w);
-    }
-    return g;
+    let l0 = x[xo];
+    let h0 = x[xo + 1u];
+    let l1 = x[xo + 2u];
+    let h1 = x[xo + 3u];
+    let l2 = x[xo + 4u];
+    let h2 = x[xo + 5u];
+    let l3 = x[xo + 6u];
+    let h3 = x[xo + 7u];
+    return Xg(
+        array<vec4<f32>, 4>(vec4<f32>(l0.x, h0.x, l0.y, h0.y), vec4<f32>(l1.x, h1.x, l1.y, h1.y), vec4<f32>(l2.x, h2.x, l2.y, h2.y), vec4<f32>(l3.x, h3.x, l3.y, h3.y)),
+        array<vec4<f32>, 4>(vec4<f32>(l0.z, h0.z, l0.w, h0.w), vec4<f32>(l1.z, h1.z, l1.w, h1.w), vec4<f32>(l2.z, h2.z, l2.w, h2.w), vec4<f32>(l3.z, h3.z, l3.w, h3.w)),
+    );
 }
 
-// Bench probes (wrong results): 1 = skip the f16 widening, 2 = skip the nibble decode.
-override PROBE: u32 = 0u;
-
 fn word_dot(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    if (PROBE == 2u) {
-        return dot(vec4<f32>(bitcast<f32>(w)), a);
-    }
     let m = 0x0e000e00u;
     let s = 0x80008000u;
     let p0 = ((w << 9u) & m) | ((w << 12u) & s);
     let p1 = ((w << 5u) & m) | ((w << 8u) & s);
     let p2 = ((w << 1u) & m) | ((w << 4u) & s);
     let p3 = ((w >> 3u) & m) | (w & s);
-    if (PROBE == 1u) {
-        return dot(bitcast<vec4<f32>>(vec4<u32>(p0, p1, p2, p3)), a + b);
-    }
     return dot(vec4<f32>(unpack2x16float(p0), unpack2x16float(p1)), a) + dot(vec4<f32>(unpack2x16float(p2), unpack2x16float(p3)), b);
 }
 
@@ -349,21 +344,22 @@ fn expert_down_sg2(
     }
 }
 
-// ---- sg3: sg2 with two groups per lane per step (groups g and g + subgroup size), all of
-// a step's weight and scale loads issued before its arithmetic: twice the bytes in flight
-// per lane (sg2's four-step loops were latency-bound, not ALU-bound). RS2 rows per pass.
+// ---- sg4: four weight rows per subgroup pass in plain vector registers. sg2's per-row
+// accumulators are private arrays indexed in loops, which drivers may keep in local
+// memory; here every value is a named register (vec4 over the four rows).
 
-struct Wq {
-    q: vec4<u32>,
-    s: f32,
+fn rows4_dot(base: u32, off_w: u32, off_s: u32, o: vec4<u32>, xg: Xg) -> vec4<f32> {
+    let q0 = pool[base + off_w + o.x];
+    let q1 = pool[base + off_w + o.y];
+    let q2 = pool[base + off_w + o.z];
+    let q3 = pool[base + off_w + o.w];
+    let s = vec4<f32>(scale14(base, off_s + o.x), scale14(base, off_s + o.y), scale14(base, off_s + o.z), scale14(base, off_s + o.w));
+    return s * vec4<f32>(group_dot2(q0, xg), group_dot2(q1, xg), group_dot2(q2, xg), group_dot2(q3, xg));
 }
 
-fn load_wq(base: u32, off_w: u32, off_s: u32, o: u32) -> Wq {
-    return Wq(pool[base + off_w + o], scale14(base, off_s + o));
-}
-
+// Stage 1, grid (ceil(n_mid / RPW2), tokens * top_k), RPW2 a multiple of 4.
 @compute @workgroup_size(256)
-fn expert_up_sg3(
+fn expert_up_sg4(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(subgroup_invocation_id) lane: u32,
     @builtin(subgroup_size) sgs: u32,
@@ -377,51 +373,32 @@ fn expert_up_sg3(
     let base = slot_base(idx[pair]);
     let xb = (pair / p.top_k) * (p.n_in / 4u);
     let groups = p.n_in / 32u;
-    for (var r0 = sg * RS2; r0 < RPW2; r0 += nsg * RS2) {
+    let last = vec4<u32>(p.n_mid - 1u);
+    for (var r0 = sg * 4u; r0 < RPW2; r0 += nsg * 4u) {
         let row0 = wg.x * RPW2 + r0;
         if (row0 >= p.n_mid) {
             break;
         }
-        var ga: array<f32, MAX_RS2>;
-        var ua: array<f32, MAX_RS2>;
-        for (var g = lane; g < groups; g += 2u * sgs) {
-            let g2 = g + sgs;
-            let live2 = g2 < groups;
-            let h = select(g, g2, live2);
-            var w1a: array<Wq, MAX_RS2>;
-            var w3a: array<Wq, MAX_RS2>;
-            var w1b: array<Wq, MAX_RS2>;
-            var w3b: array<Wq, MAX_RS2>;
-            for (var i = 0u; i < RS2; i++) {
-                let rb = min(row0 + i, p.n_mid - 1u) * groups;
-                w1a[i] = load_wq(base, p.off_w1, p.off_s1, rb + g);
-                w3a[i] = load_wq(base, p.off_w3, p.off_s3, rb + g);
-                w1b[i] = load_wq(base, p.off_w1, p.off_s1, rb + h);
-                w3b[i] = load_wq(base, p.off_w3, p.off_s3, rb + h);
-            }
-            let xa = load_xg(xb + g * 8u);
-            let xh = load_xg(xb + h * 8u);
-            for (var i = 0u; i < RS2; i++) {
-                ga[i] += w1a[i].s * group_dot2(w1a[i].q, xa);
-                ua[i] += w3a[i].s * group_dot2(w3a[i].q, xa);
-                if (live2) {
-                    ga[i] += w1b[i].s * group_dot2(w1b[i].q, xh);
-                    ua[i] += w3b[i].s * group_dot2(w3b[i].q, xh);
-                }
-            }
+        let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), last) * groups;
+        var ga = vec4<f32>(0.0);
+        var ua = vec4<f32>(0.0);
+        for (var g = lane; g < groups; g += sgs) {
+            let xg = load_xg(xb + g * 8u);
+            let o = rows + vec4<u32>(g);
+            ga += rows4_dot(base, p.off_w1, p.off_s1, o, xg);
+            ua += rows4_dot(base, p.off_w3, p.off_s3, o, xg);
         }
-        for (var i = 0u; i < RS2; i++) {
-            let gs = subgroupAdd(ga[i]);
-            let us = subgroupAdd(ua[i]);
-            if (lane == 0u && row0 + i < p.n_mid) {
-                out[pair * p.n_mid + row0 + i] = glu(gs, us);
-            }
+        let gs = subgroupAdd(ga);
+        let us = subgroupAdd(ua);
+        if (lane < 4u && row0 + lane < p.n_mid) {
+            out[pair * p.n_mid + row0 + lane] = glu(gs[lane], us[lane]);
         }
     }
 }
 
+// Stage 2 as expert_down_sg2 with items of four rows; RPW2 a multiple of 4.
 @compute @workgroup_size(256)
-fn expert_down_sg3(
+fn expert_down_sg4(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     @builtin(subgroup_invocation_id) lane: u32,
@@ -434,42 +411,23 @@ fn expert_down_sg3(
         return;
     }
     let groups = p.n_mid / 32u;
-    let blocks = RPW2 / RS2;
+    let blocks = RPW2 / 4u;
+    let last = vec4<u32>(p.n_in - 1u);
     for (var item = sg; item < p.top_k * blocks; item += nsg) {
         let j = item / blocks;
-        let r0 = (item % blocks) * RS2;
+        let r0 = (item % blocks) * 4u;
         let row0 = wg.x * RPW2 + r0;
         let pair = t * p.top_k + j;
         let base = slot_base(idx[pair]);
         let xb = pair * (p.n_mid / 4u);
-        var acc: array<f32, MAX_RS2>;
-        if (row0 < p.n_in) {
-            for (var g = lane; g < groups; g += 2u * sgs) {
-                let g2 = g + sgs;
-                let live2 = g2 < groups;
-                let h = select(g, g2, live2);
-                var wa: array<Wq, MAX_RS2>;
-                var wb: array<Wq, MAX_RS2>;
-                for (var i = 0u; i < RS2; i++) {
-                    let rb = min(row0 + i, p.n_in - 1u) * groups;
-                    wa[i] = load_wq(base, p.off_w2, p.off_s2, rb + g);
-                    wb[i] = load_wq(base, p.off_w2, p.off_s2, rb + h);
-                }
-                let xa = load_xg(xb + g * 8u);
-                let xh = load_xg(xb + h * 8u);
-                for (var i = 0u; i < RS2; i++) {
-                    acc[i] += wa[i].s * group_dot2(wa[i].q, xa);
-                    if (live2) {
-                        acc[i] += wb[i].s * group_dot2(wb[i].q, xh);
-                    }
-                }
-            }
+        let rows = min(vec4<u32>(row0) + vec4<u32>(0u, 1u, 2u, 3u), last) * groups;
+        var acc = vec4<f32>(0.0);
+        for (var g = lane; g < groups; g += sgs) {
+            acc += rows4_dot(base, p.off_w2, p.off_s2, rows + vec4<u32>(g), load_xg(xb + g * 8u));
         }
-        for (var i = 0u; i < RS2; i++) {
-            let total = subgroupAdd(acc[i]);
-            if (lane == 0u) {
-                down_part[j * RPW2 + r0 + i] = total;
-            }
+        let total = subgroupAdd(acc);
+        if (lane < 4u) {
+            down_part[j * RPW2 + r0 + lane] = total[lane];
         }
     }
     workgroupBarrier();

@@ -47,31 +47,10 @@ pub const EXPERT_UP_MXFP4_SG2_RS4: Kernel = sg2("expert_up_mxfp4_sg2_rs4", "expe
 pub const EXPERT_DOWN_MXFP4_SG2: Kernel = sg2("expert_down_mxfp4_sg2", "expert_down_sg2", SG2_DOWN_RS2);
 pub const EXPERT_DOWN_MXFP4_SG2_RS1: Kernel = sg2("expert_down_mxfp4_sg2_rs1", "expert_down_sg2", SG2_DOWN_RS1);
 pub const EXPERT_DOWN_MXFP4_SG2_RS4: Kernel = sg2("expert_down_mxfp4_sg2_rs4", "expert_down_sg2", SG2_DOWN_RS4);
-pub const EXPERT_UP_MXFP4_SG3: Kernel = sg2("expert_up_mxfp4_sg3", "expert_up_sg3", SG2_RS2);
-pub const EXPERT_UP_MXFP4_SG3_RS1: Kernel = sg2("expert_up_mxfp4_sg3_rs1", "expert_up_sg3", SG2_RS1);
-pub const EXPERT_DOWN_MXFP4_SG3_RS2: Kernel = sg2("expert_down_mxfp4_sg3_rs2", "expert_down_sg3", SG2_DOWN_RS2);
-pub const EXPERT_DOWN_MXFP4_SG3: Kernel = sg2("expert_down_mxfp4_sg3", "expert_down_sg3", SG2_DOWN_RS4);
-const PROBE1: &[(&str, f64)] = &[("RS2", 2.0), ("RPW2", 16.0), ("PROBE", 1.0)];
-const PROBE2: &[(&str, f64)] = &[("RS2", 2.0), ("RPW2", 16.0), ("PROBE", 2.0)];
-const PROBE1_DOWN: &[(&str, f64)] = &[("RS2", 2.0), ("RPW2", 2.0), ("PROBE", 1.0)];
-const PROBE2_DOWN: &[(&str, f64)] = &[("RS2", 2.0), ("RPW2", 2.0), ("PROBE", 2.0)];
-/// Bench-only probes with wrong results: sg2 without the f16 widening (1) / without decode (2).
-pub const DECODE_PROBES: &[DecodeKernels] = &[
-    DecodeKernels {
-        name: "no-widen",
-        up: sg2("probe1_up", "expert_up_sg2", PROBE1),
-        down: sg2("probe1_down", "expert_down_sg2", PROBE1_DOWN),
-        up_rows: 16,
-        down_rows: 2,
-    },
-    DecodeKernels {
-        name: "no-decode",
-        up: sg2("probe2_up", "expert_up_sg2", PROBE2),
-        down: sg2("probe2_down", "expert_down_sg2", PROBE2_DOWN),
-        up_rows: 16,
-        down_rows: 2,
-    },
-];
+pub const EXPERT_UP_MXFP4_SG4: Kernel = sg2("expert_up_mxfp4_sg4", "expert_up_sg4", &[("RPW2", 32.0)]);
+pub const EXPERT_UP_MXFP4_SG4_W64: Kernel = sg2("expert_up_mxfp4_sg4_w64", "expert_up_sg4", &[("RPW2", 64.0)]);
+pub const EXPERT_DOWN_MXFP4_SG4: Kernel = sg2("expert_down_mxfp4_sg4", "expert_down_sg4", &[("RPW2", 4.0)]);
+pub const EXPERT_DOWN_MXFP4_SG4_W8: Kernel = sg2("expert_down_mxfp4_sg4_w8", "expert_down_sg4", &[("RPW2", 8.0)]);
 /// Weight rows per workgroup of the subgroup kernels (RPW in the shader).
 const SG_ROWS: u32 = 16;
 pub const MOE_GROUP: Kernel = Kernel::new("moe_group", "moe", "moe_group");
@@ -100,10 +79,10 @@ pub const KERNELS: &[Kernel] = &[
     EXPERT_DOWN_MXFP4_SG2,
     EXPERT_DOWN_MXFP4_SG2_RS1,
     EXPERT_DOWN_MXFP4_SG2_RS4,
-    EXPERT_UP_MXFP4_SG3,
-    EXPERT_UP_MXFP4_SG3_RS1,
-    EXPERT_DOWN_MXFP4_SG3_RS2,
-    EXPERT_DOWN_MXFP4_SG3,
+    EXPERT_UP_MXFP4_SG4,
+    EXPERT_UP_MXFP4_SG4_W64,
+    EXPERT_DOWN_MXFP4_SG4,
+    EXPERT_DOWN_MXFP4_SG4_W8,
     MOE_GROUP,
     EXPERT_UP_GROUPED_MXFP4,
     EXPERT_UP_GROUPED_BF16,
@@ -166,14 +145,14 @@ pub const DECODE_SG2_RS1: DecodeKernels =
     DecodeKernels { name: "sg2 rs1", up: EXPERT_UP_MXFP4_SG2_RS1, down: EXPERT_DOWN_MXFP4_SG2_RS1, up_rows: 8, down_rows: 1 };
 pub const DECODE_SG2_RS4: DecodeKernels =
     DecodeKernels { name: "sg2 rs4", up: EXPERT_UP_MXFP4_SG2_RS4, down: EXPERT_DOWN_MXFP4_SG2_RS4, up_rows: 32, down_rows: 4 };
-/// sg2 with two groups per lane per step (more loads in flight).
-pub const DECODE_SG3: DecodeKernels =
-    DecodeKernels { name: "sg3 rs2/4", up: EXPERT_UP_MXFP4_SG3, down: EXPERT_DOWN_MXFP4_SG3, up_rows: 16, down_rows: 4 };
-pub const DECODE_SG3_RS1: DecodeKernels =
-    DecodeKernels { name: "sg3 rs1/2", up: EXPERT_UP_MXFP4_SG3_RS1, down: EXPERT_DOWN_MXFP4_SG3_RS2, up_rows: 8, down_rows: 2 };
+/// Four rows per subgroup pass in vector registers (no private arrays).
+pub const DECODE_SG4: DecodeKernels =
+    DecodeKernels { name: "sg4 32/4", up: EXPERT_UP_MXFP4_SG4, down: EXPERT_DOWN_MXFP4_SG4, up_rows: 32, down_rows: 4 };
+pub const DECODE_SG4_WIDE: DecodeKernels =
+    DecodeKernels { name: "sg4 64/8", up: EXPERT_UP_MXFP4_SG4_W64, down: EXPERT_DOWN_MXFP4_SG4_W8, up_rows: 64, down_rows: 8 };
 /// Every MXFP4 decode variant, for tests and benches.
 pub const DECODE_VARIANTS: &[DecodeKernels] =
-    &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SG, DECODE_SG2, DECODE_SG2_RS1, DECODE_SG2_RS4, DECODE_SG3, DECODE_SG3_RS1];
+    &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SG, DECODE_SG2, DECODE_SG2_RS1, DECODE_SG2_RS4, DECODE_SG4, DECODE_SG4_WIDE];
 
 /// The fastest MXFP4 decode kernels this adapter can run.
 pub fn decode_default(gpu: &Gpu) -> DecodeKernels {
@@ -292,7 +271,7 @@ pub fn experts_decode(
 /// The sg2 kernels also read the pool as words (binding 7) for the scale bytes.
 fn with_scales<'a>(k: &Kernel, b: &[(u32, &'a wgpu::Buffer)], pool: &'a wgpu::Buffer) -> Vec<(u32, &'a wgpu::Buffer)> {
     let mut v = b.to_vec();
-    if k.entry.ends_with("_sg2") || k.entry.ends_with("_sg3") {
+    if k.entry.ends_with("_sg2") || k.entry.ends_with("_sg4") {
         v.push((7, pool));
     }
     v
