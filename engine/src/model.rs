@@ -287,6 +287,9 @@ impl Model {
             layer.ffn.forward(g, &mut enc, &normed, t, &ffn_out, prof.as_deref_mut())?;
             add(g, &mut enc, td, part_now, &ffn_out, &next, prof.as_deref_mut())?;
             enc.copy_buffer_to_buffer(&next, 0, &carry, 0, (td * 4) as u64);
+            // Hand each layer to the GPU as soon as it is recorded, so the GPU runs while
+            // the CPU records the next one (one submission per token serialised the two).
+            g.queue.submit([std::mem::replace(&mut enc, g.device.create_command_encoder(&Default::default())).finish()]);
         }
         if let Some(p) = prof.as_deref_mut() {
             p.set_scope(Some("head".into()));

@@ -40,7 +40,7 @@ pub fn rms_norm(
     let p = NormParams { rows: rows as u32, n: n as u32, eps, _pad: 0 };
     // Few rows (decode): split each row's columns over workgroups of ~1024.
     let chunks = if rows < 32 { n.div_ceil(1024).min(64) } else { 1 } as u32;
-    gpu.record_with_uniform(enc, &RMS_NORM, &gpu.uniform(RMS_NORM.name, &p), &[(1, x), (2, w), (3, out)], (chunks, rows as u32), profiler)
+    dispatch(gpu, enc, &RMS_NORM, &p, &[(1, x), (2, w), (3, out)], (chunks, rows as u32), profiler)
 }
 
 /// out [n] = act(gate [n], up [n]).
