@@ -147,6 +147,9 @@ fn decode_matches_reference() {
     check_case(&gpu, 11, 0, 5, 3, 48, KdaGate::Softplus, true);
     check_case(&gpu, 12, 0, 3, 1, 256, BOUNDED, true);
     check_case(&gpu, 13, 0, 4, 2, 128, KdaGate::Softplus, false);
+    // Partial vec4-column tiles (80 = 2.5 tiles of 32 columns) and a one-tile head.
+    check_case(&gpu, 14, 0, 6, 4, 80, BOUNDED, true);
+    check_case(&gpu, 15, 0, 4, 3, 16, KdaGate::Softplus, true);
 }
 
 #[test]

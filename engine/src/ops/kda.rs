@@ -20,7 +20,9 @@ shader_params!(
 
 pub const KDA_PREP: Kernel = Kernel::new("kda_prep", "kda", "kda_prep");
 pub const KDA_CONV_SAVE: Kernel = Kernel::new("kda_conv_save", "kda", "kda_conv_save");
-pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode");
+/// Every index of the decode kernel is within the host-checked extents (`decode` checks
+/// all bindings), so it runs without wgpu's bounds checks.
+pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode").unchecked();
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
 pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
@@ -35,8 +37,8 @@ pub fn params() -> Vec<super::ParamsLayout> {
 
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
-/// Value columns per decode workgroup (LANES in kda.wgsl).
-const DECODE_LANES: usize = 16;
+/// Value columns per decode workgroup (4 * C4 in kda.wgsl).
+const DECODE_COLS: usize = 32;
 /// Value columns per state / output workgroup (LANES in kda_chunk.wgsl).
 const LANES: usize = 16;
 
@@ -271,11 +273,86 @@ pub fn decode(
         (8, state),
         (9, o),
     ];
-    dispatch(gpu, enc, &KDA_DECODE, &uniform, &bufs, geom.heads * k.div_ceil(DECODE_LANES), profiler)
+    dispatch(gpu, enc, &KDA_DECODE, &uniform, &bufs, geom.heads * k.div_ceil(DECODE_COLS), profiler)
+}
+
+/// One layer's decode in [`decode_one_pass`].
+pub struct DecodeStep<'a> {
+    pub inp: KdaInputs<'a>,
+    pub ring: &'a wgpu::Buffer,
+    pub state: &'a wgpu::Buffer,
+    pub o: &'a wgpu::Buffer,
+    pub pos: u64,
+}
+
+/// The decodes of several layers recorded into ONE compute pass (one dispatch each, one
+/// optional timestamp pair around all of them): what [`decode`] does per step, without a
+/// pass per layer. wgpu still orders dispatches that share a written buffer.
+pub fn decode_one_pass(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    geom: &KdaGeom,
+    steps: &[DecodeStep],
+    timestamp_writes: Option<wgpu::ComputePassTimestampWrites>,
+) -> Result<(), GpuError> {
+    let k = geom.head_dim;
+    let pipeline = gpu.pipelines.get(gpu, &KDA_DECODE)?;
+    let mut binds = Vec::with_capacity(steps.len());
+    for st in steps {
+        check_inputs(geom, 1, &st.inp, st.ring)?;
+        need(st.state, geom.heads * k * k, "state [H, K, V]")?;
+        need(st.o, geom.proj(), "o [H, V]")?;
+        let uniform = gpu.uniform("kda params", &geom.params(1, st.pos));
+        let bufs = [
+            (0, &uniform),
+            (1, st.inp.qkv),
+            (2, st.inp.f),
+            (3, st.inp.b),
+            (4, st.inp.conv_w),
+            (5, st.inp.a_log),
+            (6, st.inp.dt_bias),
+            (7, st.ring),
+            (8, st.state),
+            (9, st.o),
+        ];
+        let e: Vec<wgpu::BindGroupEntry> =
+            bufs.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
+        binds.push(gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("kda_decode"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &e,
+        }));
+    }
+    let (gx, gy) = gpu.grid((geom.heads * k.div_ceil(DECODE_COLS)) as u32);
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kda_decode x layers"), timestamp_writes });
+    pass.set_pipeline(&pipeline);
+    for b in &binds {
+        pass.set_bind_group(0, b, &[]);
+        pass.dispatch_workgroups(gx, gy, 1);
+    }
+    Ok(())
+}
+
+/// Kernel family of the chunked prefill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkPath {
+    /// Plain WGSL, f32 throughout (every adapter).
+    Simt,
+    /// Cooperative matrices (f16 operands, f32 accumulation) where the adapter has them.
+    Coop,
+}
+
+impl ChunkPath {
+    /// The paths this adapter can run, the default first.
+    pub fn available(_gpu: &Gpu) -> Vec<ChunkPath> {
+        vec![ChunkPath::Simt]
+    }
 }
 
 /// Chunked WY/UT prefill over the prepared inputs: o [T, H, V], `state` advanced in place.
-/// `pre.g` is overwritten with the within-chunk cumulative gate.
+/// `pre.g` is overwritten with the within-chunk cumulative gate. Uses the adapter's default
+/// path ([`ChunkPath::available`]).
+#[allow(clippy::too_many_arguments)]
 pub fn chunk_prefill(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -284,8 +361,28 @@ pub fn chunk_prefill(
     scratch: &ChunkScratch,
     state: &wgpu::Buffer,
     o: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let path = ChunkPath::available(gpu)[0];
+    chunk_prefill_with(gpu, enc, path, geom, pre, scratch, state, o, profiler)
+}
+
+/// [`chunk_prefill`] through the given kernel family.
+#[allow(clippy::too_many_arguments)]
+pub fn chunk_prefill_with(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    path: ChunkPath,
+    geom: &KdaGeom,
+    pre: &Prepped,
+    scratch: &ChunkScratch,
+    state: &wgpu::Buffer,
+    o: &wgpu::Buffer,
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    if path == ChunkPath::Coop {
+        return Err(GpuError::Shape("kda prefill: no cooperative-matrix path yet".into()));
+    }
     geom.check()?;
     let t = pre.t_len;
     let k = geom.head_dim;
