@@ -84,6 +84,36 @@ fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
     ((num / den.max(1e-300)).sqrt(), emax / wmax.max(1e-300))
 }
 
+/// Coop vs SIMT prefill on the same inputs at a small, awkward shape (ragged T, initial
+/// state): (o rel L2, final state rel L2). Each path gets its own prepped inputs and ring.
+fn coop_vs_simt(gpu: &Gpu, t_len: usize, heads: usize, dk: usize, gate: KdaGate, seed: usize) -> Result<(f64, f64), GpuError> {
+    let geom = KdaGeom { heads, head_dim: dk, taps: 4, gate, post_conv: false };
+    let p = geom.proj();
+    let rnd = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| ((((i + seed) * 7919) % 1013) as f32 / 1013.0 - 0.5) * s).collect() };
+    let qkv = gpu.storage_from("qkv", &rnd(t_len * 3 * p, 2.0));
+    let f = gpu.storage_from("f", &rnd(t_len * p, 2.0));
+    let b = gpu.storage_from("b", &rnd(t_len * heads, 4.0));
+    let conv_w = gpu.storage_from("conv", &rnd(3 * p * 4, 1.0));
+    let a_log = gpu.storage_from("a_log", &vec![1.0f32; heads]);
+    let dt_bias = gpu.storage_from("dt", &rnd(p, 1.0));
+    let inp = KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &conv_w, a_log: &a_log, dt_bias: &dt_bias };
+    let s0 = rnd(heads * dk * dk, 0.5);
+    let mut outs = Vec::new();
+    for path in [ChunkPath::Simt, ChunkPath::Coop] {
+        let ring = gpu.storage("ring", (4 * 3 * p * 4) as u64);
+        let state = gpu.storage_from("state", &s0);
+        let o = gpu.storage("o", (t_len * p * 4) as u64);
+        let pre = Prepped::new(gpu, &geom, t_len);
+        let scratch = ChunkScratch::for_path(gpu, &geom, t_len, path)?;
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        kda::prep(gpu, &mut enc, &geom, t_len, 0, &inp, &ring, &pre, None)?;
+        kda::chunk_prefill_with(gpu, &mut enc, path, &geom, &pre, &scratch, &state, &o, None)?;
+        gpu.queue.submit([enc.finish()]);
+        outs.push((gpu.read::<f32>(&o, t_len * p)?, gpu.read::<f32>(&state, heads * dk * dk)?));
+    }
+    Ok((errors(&outs[1].0, &outs[0].0).0, errors(&outs[1].1, &outs[0].1).0))
+}
+
 fn note(extra: &mut serde_json::Map<String, serde_json::Value>, k: &str, v: f64) {
     extra.insert(k.to_string(), v.into());
 }
@@ -165,7 +195,7 @@ fn main() -> anyhow::Result<()> {
         let (ra, rb) = (gpu.storage_from("ra", &ring_data), gpu.storage_from("rb", &ring_data));
         let (oa, ob) = (gpu.storage("oa", (p * 4) as u64), gpu.storage("ob", (p * 4) as u64));
         let pre = Prepped::new(&gpu, &geom, 1);
-        let scratch = ChunkScratch::new(&gpu, &geom, 1)?;
+        let scratch = ChunkScratch::for_path(&gpu, &geom, 1, ChunkPath::Simt)?;
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         kda::decode(&gpu, &mut enc, &geom, 100, &inp, &ra, &sa, &oa, None)?;
         kda::prep(&gpu, &mut enc, &geom, 1, 100, &inp, &rb, &pre, None)?;
@@ -181,7 +211,6 @@ fn main() -> anyhow::Result<()> {
     // ---- Chunked prefill, per path. ----
     println!("\n== chunked prefill T={t_len}, {heads} heads x {dk}; rate = useful FLOPs of the chunked form ==");
     let pre = Prepped::new(&gpu, &geom, t_len);
-    let scratch = ChunkScratch::new(&gpu, &geom, t_len)?;
     let state = gpu.storage("state", state_bytes as u64);
     let ot = gpu.storage("o", (t_len * p * 4) as u64);
     // Useful FLOPs of the chunked form per (chunk, head): A_kk + A_qk (2 C^2 K), UT solve on
@@ -202,10 +231,13 @@ fn main() -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let (want_o, want_s) = r::recurrence(&rq, &rk, &rv, &rg, &rbeta, &[], t_len, check_heads, dk, dk);
     println!("    (f64 CPU reference over {check_heads} heads: {:.1} s)", t0.elapsed().as_secs_f64());
-    let paths = ChunkPath::available(&gpu);
+    // SIMT first: the coop path is then compared with it as well as with the reference.
+    let mut paths = ChunkPath::available(&gpu, &geom);
+    paths.sort_by_key(|p| *p != ChunkPath::Simt);
     let mut t_best = f64::INFINITY;
     let mut simt_out: Option<(Vec<f32>, Vec<f32>)> = None;
     for path in paths {
+        let scratch = ChunkScratch::for_path(&gpu, &geom, t_len, path)?;
         let zero = vec![0f32; heads * dk * dk];
         let mut record = |enc: &mut wgpu::CommandEncoder, mut prof: Option<&mut Profiler>| -> Result<(), GpuError> {
             enc.clear_buffer(&state, 0, None);
@@ -250,6 +282,29 @@ fn main() -> anyhow::Result<()> {
                 println!("    vs SIMT path (all {heads} heads): o rel L2 {eo:.2e} (max {mo:.2e}), final state rel L2 {es:.2e}");
             }
         }
+    }
+
+    // The coop path at awkward shapes against the SIMT path (itself tested against the f64
+    // reference at these shapes on lavapipe).
+    if ChunkPath::available(&gpu, &geom).contains(&ChunkPath::Coop) {
+        let mut worst: f64 = 0.0;
+        for (i, &(t, h, k, gate)) in [
+            (1, 1, 16, KdaGate::Softplus),
+            (17, 2, 32, KdaGate::Bounded { lower_bound: -5.0 }),
+            (65, 3, 64, KdaGate::Softplus),
+            (200, 2, 128, KdaGate::Bounded { lower_bound: -5.0 }),
+            (1000, 4, 128, KdaGate::Softplus),
+            (130, 2, 80, KdaGate::Bounded { lower_bound: -5.0 }),
+        ]
+        .iter()
+        .enumerate()
+        {
+            let (eo, es) = coop_vs_simt(&gpu, t, h, k, gate, i * 31)?;
+            println!("    coop vs SIMT T={t} H={h} K={k} {gate:?} S0 random: o rel L2 {eo:.2e}, state rel L2 {es:.2e}");
+            worst = worst.max(eo).max(es);
+        }
+        println!("    coop vs SIMT at small shapes: worst rel L2 {worst:.2e}");
+        note(&mut extra, "coop_small_shapes_worst_rel_l2", worst);
     }
 
     // Token by token through the decode kernel: one submission of T dispatches.

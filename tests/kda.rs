@@ -6,7 +6,7 @@ mod support;
 
 use k31_engine::config::{KdaGate, KdaOutputGate};
 use k31_engine::gpu::Gpu;
-use k31_engine::ops::kda::{self, ChunkScratch, KdaGeom, KdaInputs, Prepped};
+use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, KdaGeom, KdaInputs, Prepped};
 use k31_engine::reference::kda as r;
 use support::golden;
 
@@ -68,8 +68,14 @@ impl Core {
         r::recurrence(&q, &kk, &streams[2], &gg, &beta, &self.s0, t, g.heads, k, k)
     }
 
-    /// GPU: chunked prefill of tokens [0, t), then `n` decode steps. Returns (o [t+n, H, V], state).
+    /// GPU: chunked prefill (SIMT path) of tokens [0, t), then `n` decode steps.
+    /// Returns (o [t+n, H, V], state).
     fn gpu_run(&self, gpu: &Gpu, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        self.gpu_run_path(gpu, ChunkPath::Simt, t, n)
+    }
+
+    /// [`Core::gpu_run`] with the prefill through `path`.
+    fn gpu_run_path(&self, gpu: &Gpu, path: ChunkPath, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
         let g = &self.geom;
         let (p, k, h) = (g.proj(), g.head_dim, g.heads);
         let ring = gpu.storage("ring", (g.taps * 3 * p * 4) as u64);
@@ -81,12 +87,12 @@ impl Core {
         let mut out = Vec::new();
         if t > 0 {
             let pre = Prepped::new(gpu, g, t);
-            let scratch = ChunkScratch::new(gpu, g, t).expect("scratch");
+            let scratch = ChunkScratch::for_path(gpu, g, t, path).expect("scratch");
             let o = gpu.storage("o", (t * p * 4) as u64);
             self.with_rows(gpu, 0, t, |inp| {
                 let mut enc = gpu.device.create_command_encoder(&Default::default());
                 kda::prep(gpu, &mut enc, g, t, 0, inp, &ring, &pre, None).expect("prep");
-                kda::chunk_prefill(gpu, &mut enc, g, &pre, &scratch, &state, &o, None).expect("prefill");
+                kda::chunk_prefill_with(gpu, &mut enc, path, g, &pre, &scratch, &state, &o, None).expect("prefill");
                 gpu.queue.submit([enc.finish()]);
             });
             out.extend(gpu.read::<f32>(&o, t * p).expect("read o"));
@@ -170,6 +176,41 @@ fn prefill_matches_reference() {
     for (i, &(t, h, k, gate, init)) in cases.iter().enumerate() {
         check_case(&gpu, 100 + i as u64, t, 0, h, k, gate, init);
     }
+}
+
+/// The cooperative-matrix prefill (f16 operands, f32 accumulation), where the adapter has it
+/// (not on lavapipe: there this test only checks that the path is not offered). Its error
+/// against the f64 reference is printed; the bound is the f16 one, not the SIMT 1e-4.
+#[test]
+fn coop_prefill_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    let probe = KdaGeom { heads: 1, head_dim: 128, taps: 4, gate: BOUNDED, post_conv: false };
+    if !ChunkPath::available(&gpu, &probe).contains(&ChunkPath::Coop) {
+        assert!(!gpu.caps.coopmat || !gpu.caps.subgroups, "coop path missing on an adapter that has it");
+        eprintln!("no cooperative matrices on this adapter: coop prefill not tested");
+        return;
+    }
+    let cases: &[(usize, usize, usize, usize, KdaGate, bool)] = &[
+        (1, 0, 1, 16, BOUNDED, false),
+        (17, 3, 2, 32, KdaGate::Softplus, true),
+        (64, 0, 3, 64, BOUNDED, true),
+        (65, 2, 4, 16, KdaGate::Softplus, false),
+        (200, 0, 2, 128, BOUNDED, false),
+        (200, 4, 1, 64, KdaGate::Softplus, true),
+        (1000, 0, 2, 128, BOUNDED, true),
+        (1000, 0, 1, 128, KdaGate::Softplus, false),
+    ];
+    let mut worst: f64 = 0.0;
+    for (i, &(t, n, h, k, gate, init)) in cases.iter().enumerate() {
+        let core = random_core(300 + i as u64, t + n, h, k, gate, init);
+        let (want_o, want_s) = core.reference(t + n);
+        let (got_o, got_s) = core.gpu_run_path(&gpu, ChunkPath::Coop, t, n);
+        let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
+        eprintln!("coop T={t} N={n} H={h} K={k} {gate:?} init={init}: o {eo:.2e} state {es:.2e}");
+        worst = worst.max(eo).max(es);
+    }
+    eprintln!("coop prefill: worst rel L2 {worst:.2e}");
+    assert!(worst <= 1e-2, "coop prefill: worst rel L2 {worst:.2e}");
 }
 
 #[test]

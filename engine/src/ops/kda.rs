@@ -28,12 +28,33 @@ pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk"
 pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
 pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", "kda_chunk_state");
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out");
-pub const KERNELS: &[Kernel] =
-    &[KDA_PREP, KDA_CONV_SAVE, KDA_DECODE, KDA_GATED_NORM, KDA_CHUNK_CUMSUM, KDA_CHUNK_INTRA, KDA_CHUNK_STATE, KDA_CHUNK_OUT];
+/// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
+pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
+pub const KERNELS: &[Kernel] = &[
+    KDA_PREP,
+    KDA_CONV_SAVE,
+    KDA_DECODE,
+    KDA_GATED_NORM,
+    KDA_CHUNK_CUMSUM,
+    KDA_CHUNK_INTRA,
+    KDA_CHUNK_STATE,
+    KDA_CHUNK_OUT,
+    KDA_COOP_SCAN,
+];
+
+shader_params!(
+    /// Mirrors `KdaCoopParams` in shaders/kda_coop.wgsl.
+    KdaCoopParams in "kda_coop" { t_len: u32, heads: u32, dk: u32, nchunks: u32 }
+);
 
 pub fn params() -> Vec<super::ParamsLayout> {
-    vec![super::layout_of::<KdaParams>(), super::layout_of::<KdaChunkParams>()]
+    vec![super::layout_of::<KdaParams>(), super::layout_of::<KdaChunkParams>(), super::layout_of::<KdaCoopParams>()]
 }
+
+/// Largest head dim of the cooperative-matrix prefill (KMAX in kda_coop.wgsl).
+const COOP_KMAX: usize = 128;
+/// Value columns per coop scan workgroup (BV in kda_coop.wgsl).
+const COOP_BV: usize = 16;
 
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
@@ -143,27 +164,34 @@ pub struct ChunkScratch {
     qg: wgpu::Buffer,
     kg: wgpu::Buffer,
     aqk: wgpu::Buffer,
-    /// [N, H, K, V] state before each chunk.
-    hs: wgpu::Buffer,
+    /// [N, H, K, V] state before each chunk (SIMT path only: the coop scan fuses the output).
+    hs: Option<wgpu::Buffer>,
     t_len: usize,
 }
 
 impl ChunkScratch {
-    /// Fails when one scratch buffer would exceed a storage binding (split the prefill).
+    /// Scratch for the adapter's default path. Fails when one scratch buffer would exceed a
+    /// storage binding (split the prefill).
     pub fn new(gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<ChunkScratch, GpuError> {
-        let hs = (t_len.div_ceil(CHUNK) * geom.heads * geom.head_dim * geom.head_dim * 4) as u64;
-        if hs > gpu.caps.max_binding {
-            return Err(GpuError::TooLarge { what: format!("kda prefill of {t_len} tokens (chunk states)"), needed: hs, limit: gpu.caps.max_binding });
-        }
-        let n = (t_len * geom.proj() * 4) as u64;
+        ChunkScratch::for_path(gpu, geom, t_len, ChunkPath::available(gpu, geom)[0])
+    }
+
+    /// Scratch for `path` (the coop path needs no per-chunk states).
+    pub fn for_path(gpu: &Gpu, geom: &KdaGeom, t_len: usize, path: ChunkPath) -> Result<ChunkScratch, GpuError> {
         let chunks = t_len.div_ceil(CHUNK);
+        let hs = (chunks * geom.heads * geom.head_dim * geom.head_dim * 4) as u64;
+        let n = (t_len * geom.proj() * 4) as u64;
+        let big = if path == ChunkPath::Simt { hs.max(n) } else { n };
+        if big > gpu.caps.max_binding {
+            return Err(GpuError::TooLarge { what: format!("kda prefill of {t_len} tokens (chunk scratch)"), needed: big, limit: gpu.caps.max_binding });
+        }
         Ok(ChunkScratch {
             w: gpu.storage("kda w", n),
             u: gpu.storage("kda u", n),
             qg: gpu.storage("kda qg", n),
             kg: gpu.storage("kda kg", n),
             aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * 4) as u64),
-            hs: gpu.storage("kda chunk states", (chunks * geom.heads * geom.head_dim * geom.head_dim * 4) as u64),
+            hs: (path == ChunkPath::Simt).then(|| gpu.storage("kda chunk states", hs)),
             t_len,
         })
     }
@@ -343,9 +371,11 @@ pub enum ChunkPath {
 }
 
 impl ChunkPath {
-    /// The paths this adapter can run, the default first.
-    pub fn available(_gpu: &Gpu) -> Vec<ChunkPath> {
-        vec![ChunkPath::Simt]
+    /// The paths this adapter can run at this shape, the default first: the coop path where
+    /// the adapter has 16x16x16 f16 cooperative matrices and subgroups and K <= 128.
+    pub fn available(gpu: &Gpu, geom: &KdaGeom) -> Vec<ChunkPath> {
+        let coop = gpu.caps.coopmat && gpu.caps.subgroups && geom.head_dim <= COOP_KMAX && geom.head_dim % COOP_BV == 0;
+        if coop { vec![ChunkPath::Coop, ChunkPath::Simt] } else { vec![ChunkPath::Simt] }
     }
 }
 
@@ -363,7 +393,7 @@ pub fn chunk_prefill(
     o: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    let path = ChunkPath::available(gpu)[0];
+    let path = ChunkPath::available(gpu, geom)[0];
     chunk_prefill_with(gpu, enc, path, geom, pre, scratch, state, o, profiler)
 }
 
@@ -380,8 +410,8 @@ pub fn chunk_prefill_with(
     o: &wgpu::Buffer,
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    if path == ChunkPath::Coop {
-        return Err(GpuError::Shape("kda prefill: no cooperative-matrix path yet".into()));
+    if path == ChunkPath::Coop && !ChunkPath::available(gpu, geom).contains(&path) {
+        return Err(GpuError::Shape(format!("kda prefill: no cooperative-matrix path on this adapter for K = {}", geom.head_dim)));
     }
     geom.check()?;
     let t = pre.t_len;
@@ -409,9 +439,16 @@ pub fn chunk_prefill_with(
         (10, &s.aqk),
     ];
     dispatch(gpu, enc, &KDA_CHUNK_INTRA, &uniform, &intra, nchunks * geom.heads, profiler.as_deref_mut())?;
-    let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, &s.hs)];
+    if path == ChunkPath::Coop {
+        let cp = KdaCoopParams { t_len: t as u32, heads: geom.heads as u32, dk: k as u32, nchunks: nchunks as u32 };
+        let cu = gpu.uniform("kda coop params", &cp);
+        let scan = [(1, &s.w), (2, &s.u), (3, &s.qg), (4, &s.kg), (5, &s.aqk), (6, &pre.g), (7, state), (8, o)];
+        return dispatch(gpu, enc, &KDA_COOP_SCAN, &cu, &scan, geom.heads * (k / COOP_BV), profiler);
+    }
+    let hs = s.hs.as_ref().ok_or_else(|| GpuError::Shape("kda prefill: scratch made for the coop path has no chunk states".into()))?;
+    let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, hs)];
     dispatch(gpu, enc, &KDA_CHUNK_STATE, &uniform, &scan, geom.heads * k.div_ceil(LANES), profiler.as_deref_mut())?;
-    let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, &s.hs)];
+    let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, hs)];
     dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(LANES), profiler)
 }
 
