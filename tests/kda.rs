@@ -260,6 +260,39 @@ fn golden_core_prefill_and_decode() {
     }
 }
 
+/// The subgroup prep kernel and the shared-memory one give the same recurrence inputs (the
+/// other tests run whichever the adapter picks), with the conv window from a previous call.
+#[test]
+fn prep_variants_agree() {
+    let Some(gpu) = support::gpu() else { return };
+    if !gpu.caps.subgroups {
+        eprintln!("no subgroups: only the shared-memory prep exists here");
+        return;
+    }
+    for (seed, t, h, k, gate) in [(400, 37, 3, 48, BOUNDED), (401, 9, 2, 256, KdaGate::Softplus), (402, 70, 5, 16, BOUNDED)] {
+        let core = random_core(seed, t, h, k, gate, false);
+        let g = &core.geom;
+        let p = g.proj();
+        let mut outs = Vec::new();
+        for sg in [false, true] {
+            let ring = gpu.storage_from("ring", &scaled(seed + 9, g.taps * 3 * p, 1.0));
+            let pre = Prepped::new(&gpu, g, t);
+            core.with_rows(&gpu, 0, t, |inp| {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                kda::prep_with(&gpu, &mut enc, sg, g, t, 7, inp, &ring, &pre, None).expect("prep");
+                gpu.queue.submit([enc.finish()]);
+            });
+            let n = t * p;
+            let read = |b: &k31_engine::wgpu::Buffer, n: usize| gpu.read::<f32>(b, n).expect("read");
+            outs.push([read(&pre.q, n), read(&pre.k, n), read(&pre.v, n), read(&pre.g, n), read(&pre.beta, t * h), read(&ring, g.taps * 3 * p)]);
+        }
+        for (i, name) in ["q", "k", "v", "g", "beta", "ring"].iter().enumerate() {
+            let e = rel_l2(&outs[1][i], &outs[0][i]);
+            assert!(e < 1e-6, "prep {name} (T={t} H={h} K={k}): subgroup vs shared memory {e:.2e}");
+        }
+    }
+}
+
 #[test]
 fn gated_norm_matches_reference() {
     let Some(gpu) = support::gpu() else { return };

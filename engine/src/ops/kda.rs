@@ -19,6 +19,10 @@ shader_params!(
 );
 
 pub const KDA_PREP: Kernel = Kernel::new("kda_prep", "kda", "kda_prep");
+/// kda_prep with one subgroup per (token, head) row (kda_sg.wgsl), where the adapter has subgroups.
+pub const KDA_PREP_SG: Kernel = Kernel::new("kda_prep_sg", "kda_sg", "kda_prep_sg").subgroups();
+/// (token, head) rows per kda_prep_sg workgroup (ROWS in kda_sg.wgsl).
+const PREP_SG_ROWS: usize = 8;
 pub const KDA_CONV_SAVE: Kernel = Kernel::new("kda_conv_save", "kda", "kda_conv_save");
 /// Every index of the decode kernel is within the host-checked extents (`decode` checks
 /// all bindings), so it runs without wgpu's bounds checks.
@@ -32,6 +36,7 @@ pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda
 pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
 pub const KERNELS: &[Kernel] = &[
     KDA_PREP,
+    KDA_PREP_SG,
     KDA_CONV_SAVE,
     KDA_DECODE,
     KDA_GATED_NORM,
@@ -48,7 +53,12 @@ shader_params!(
 );
 
 pub fn params() -> Vec<super::ParamsLayout> {
-    vec![super::layout_of::<KdaParams>(), super::layout_of::<KdaChunkParams>(), super::layout_of::<KdaCoopParams>()]
+    vec![
+        super::layout_of::<KdaParams>(),
+        super::ParamsLayout { shader: "kda_sg", ..super::layout_of::<KdaParams>() },
+        super::layout_of::<KdaChunkParams>(),
+        super::layout_of::<KdaCoopParams>(),
+    ]
 }
 
 /// Largest head dim of the cooperative-matrix prefill (KMAX in kda_coop.wgsl).
@@ -235,10 +245,28 @@ fn dispatch(
 
 /// Prefill preprocessing of `t_len` tokens starting at absolute position `pos`: conv + SiLU
 /// (window from `ring`), l2 norm, scale, gate, beta into `out`; then the ring is advanced.
+/// Uses the subgroup kernel where the adapter has subgroups.
 #[allow(clippy::too_many_arguments)]
 pub fn prep(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
+    geom: &KdaGeom,
+    t_len: usize,
+    pos: u64,
+    inp: &KdaInputs,
+    ring: &wgpu::Buffer,
+    out: &Prepped,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    prep_with(gpu, enc, gpu.caps.subgroups, geom, t_len, pos, inp, ring, out, profiler)
+}
+
+/// [`prep`] through the subgroup kernel (`subgroups`) or the shared-memory one.
+#[allow(clippy::too_many_arguments)]
+pub fn prep_with(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    subgroups: bool,
     geom: &KdaGeom,
     t_len: usize,
     pos: u64,
@@ -266,7 +294,12 @@ pub fn prep(
         (13, &out.g),
         (14, &out.beta),
     ];
-    dispatch(gpu, enc, &KDA_PREP, &uniform, &bufs, t_len * geom.heads, profiler.as_deref_mut())?;
+    let rows = t_len * geom.heads;
+    if subgroups {
+        dispatch(gpu, enc, &KDA_PREP_SG, &uniform, &bufs, rows.div_ceil(PREP_SG_ROWS), profiler.as_deref_mut())?;
+    } else {
+        dispatch(gpu, enc, &KDA_PREP, &uniform, &bufs, rows, profiler.as_deref_mut())?;
+    }
     let keep = t_len.min(geom.taps) * 3 * geom.proj();
     dispatch(gpu, enc, &KDA_CONV_SAVE, &uniform, &[(1, inp.qkv), (7, ring)], keep.div_ceil(256), profiler)
 }
