@@ -172,6 +172,8 @@ fn prefill_matches_reference() {
         (1000, 1, 128, KdaGate::Softplus, false),
         (65, 1, 128, BOUNDED, true),
         (17, 4, 128, KdaGate::Softplus, true),
+        (100, 1, 256, BOUNDED, true),
+        (70, 2, 80, KdaGate::Softplus, false),
     ];
     for (i, &(t, h, k, gate, init)) in cases.iter().enumerate() {
         check_case(&gpu, 100 + i as u64, t, 0, h, k, gate, init);
