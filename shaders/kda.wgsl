@@ -30,7 +30,7 @@ struct KdaParams {
 @group(0) @binding(5) var<storage, read> a_log: array<f32>;     // [H]
 @group(0) @binding(6) var<storage, read> dt_bias: array<f32>;   // [P]
 @group(0) @binding(7) var<storage, read_write> ring: array<f32>; // [W, 3P]
-@group(0) @binding(8) var<storage, read_write> state: array<f32>; // [H, K, V]
+@group(0) @binding(8) var<storage, read_write> state: array<vec4<f32>>; // [H, K, V/4]
 @group(0) @binding(9) var<storage, read_write> o_out: array<f32>; // [T, H, V]
 @group(0) @binding(10) var<storage, read_write> q_out: array<f32>; // [T, H, K] l2n(q) * scale
 @group(0) @binding(11) var<storage, read_write> k_out: array<f32>; // [T, H, K] l2n(k)
@@ -39,19 +39,12 @@ struct KdaParams {
 @group(0) @binding(14) var<storage, read_write> beta_out: array<f32>; // [T, H]
 
 const WG: u32 = 256u;
-// 16 columns x 16 row groups: more, shorter threads (at most 16 rows each), so the state
-// loads of one thread are few and independent (the kernel is latency-bound otherwise).
-const LANES: u32 = 16u;   // value columns per decode workgroup (64-byte row segments)
-const GROUPS: u32 = 16u;  // key-row groups per decode workgroup (LANES * GROUPS = WG)
-const RPT: u32 = 16u;     // max key rows per thread: 256 / GROUPS
 
 var<workgroup> sh_q: array<f32, WG>;
 var<workgroup> sh_k: array<f32, WG>;
 var<workgroup> sh_d: array<f32, WG>;   // exp(g)
 var<workgroup> sh_ra: array<f32, WG>;
 var<workgroup> sh_rb: array<f32, WG>;
-var<workgroup> sh_u: array<f32, LANES>;
-var<workgroup> sh_v: array<f32, LANES>;
 
 fn sigmoid(z: f32) -> f32 {
     return 1.0 / (1.0 + exp(-z));
@@ -160,104 +153,135 @@ fn kda_conv_save(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
     ring[((p.pos + t) % p.taps) * n3 + ch] = qkv[t * n3 + ch];
 }
 
-// One-token decode, one workgroup per (head, tile of LANES value columns): conv, norms and
-// gates, then the rank-1 state update and o = S^T q. Reads and writes the state once.
+// One-token decode, one workgroup per (head, tile of 4*C4 value columns), thread
+// (grp, c4) owning key rows grp, grp + GROUPS, ... of one vec4 of value columns. The state
+// loads are issued first (into registers), then the per-head prologue (conv, gates) runs
+// while they are in flight. One reduction over the key rows gives, per value column,
+//   a_k = (D S)^T k,  a_q = (D S)^T q  (k, q not yet normalised)  and |k|^2, |q|^2, q.k;
+// since S' = D S + khat u^T with u = beta (v - (D S)^T khat),
+//   o = S'^T qhat = (D S)^T qhat + u (khat . qhat),
+// so the state is read once, written once, and o needs no second reduction.
 // Ring slot pos % W is written with this token; slots of pos-1 .. pos-W+1 are only read,
 // so the workgroups of one head never race on the window.
+const C4: u32 = 8u;                 // vec4 value columns per decode workgroup
+const DGROUPS: u32 = 32u;           // key-row groups (C4 * DGROUPS = WG)
+const DRPT: u32 = 8u;               // max key rows per thread: 256 / DGROUPS
+
+var<workgroup> sh_red: array<vec4<f32>, 768>;   // [3, DGROUPS, C4]: a_k | a_q | (|k|^2, |q|^2, q.k)
+var<workgroup> sh_v4: array<vec4<f32>, C4>;
+var<workgroup> sh_u4: array<vec4<f32>, C4>;     // u / |k| per vec4 column
+
 @compute @workgroup_size(256)
 fn kda_decode(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let tiles = (p.dk + LANES - 1u) / LANES;
+    let tiles = (p.dk + 4u * C4 - 1u) / (4u * C4);
     let id = wg.x + wg.y * nwg.x;
     if (id >= p.heads * tiles) {
         return;
     }
     let h = id / tiles;
     let tile = id % tiles;
+    let c4 = lid % C4;
+    let grp = lid / C4;
+    let dk4 = p.dk / 4u;
+    let col4 = tile * C4 + c4;
+    let live = col4 < dk4;
+    // State loads first: row r of head h is dk4 vec4s at (h * dk + r) * dk4.
+    let base = h * p.dk * dk4 + col4;
+    var s: array<vec4<f32>, DRPT>;
+    for (var i = 0u; i < DRPT; i++) {
+        let r = grp + i * DGROUPS;
+        if (r < p.dk && live) {
+            s[i] = state[base + r * dk4];
+        }
+    }
+    // Prologue (while the loads fly): q, k, decay per key channel; v of this tile's columns.
     let pd = p.heads * p.dk;
     let n3 = 3u * pd;
     let slot = (p.pos % p.taps) * n3;
-    var q = 0.0;
-    var k = 0.0;
     if (lid < p.dk) {
         let c = h * p.dk + lid;
-        q = conv_silu(0u, c);
-        k = conv_silu(0u, pd + c);
+        sh_q[lid] = conv_silu(0u, c);
+        sh_k[lid] = conv_silu(0u, pd + c);
         sh_d[lid] = exp(gate(h, lid, fgate[c]));
         if (tile == 0u) {
             ring[slot + c] = qkv[c];
             ring[slot + pd + c] = qkv[pd + c];
         }
     }
-    let lane = lid % LANES;
-    let grp = lid / LANES;
-    let col = tile * LANES + lane;
-    let live = col < p.dk;
-    if (grp == 0u && live) {
-        let c = 2u * pd + h * p.dk + col;
-        sh_v[lane] = conv_silu(0u, c);
-        ring[slot + c] = qkv[c];
+    if (lid < C4 && live) {
+        var vv: vec4<f32>;
+        for (var e = 0u; e < 4u; e++) {
+            let c = 2u * pd + h * p.dk + col4 * 4u + e;
+            vv[e] = conv_silu(0u, c);
+            ring[slot + c] = qkv[c];
+        }
+        sh_v4[lid] = vv;
     }
-    sh_ra[lid] = q * q;
-    sh_rb[lid] = k * k;
-    reduce2(lid);
-    if (lid < p.dk) {
-        sh_q[lid] = q * inverseSqrt(sh_ra[0] + 1e-6) * p.scale;
-        sh_k[lid] = k * inverseSqrt(sh_rb[0] + 1e-6);
-    }
-    workgroupBarrier();
     let beta = sigmoid(blog[h]);
-    // Thread (grp, lane) keeps key rows grp, grp + GROUPS, ... of column col.
-    var s: array<f32, RPT>;
-    let base = h * p.dk * p.dk + col;
-    // All loads first (independent), then the arithmetic.
-    for (var i = 0u; i < RPT; i++) {
-        let r = grp + i * GROUPS;
-        if (r < p.dk && live) {
-            s[i] = state[base + r * p.dk];
-        }
-    }
-    var sk = 0.0;
-    for (var i = 0u; i < RPT; i++) {
-        let r = grp + i * GROUPS;
+    workgroupBarrier();
+    var ak = vec4<f32>(0.0);
+    var aq = vec4<f32>(0.0);
+    var nrm = vec4<f32>(0.0);
+    for (var i = 0u; i < DRPT; i++) {
+        let r = grp + i * DGROUPS;
         if (r < p.dk) {
+            let kr = sh_k[r];
+            let qr = sh_q[r];
             s[i] *= sh_d[r];
-            sk += s[i] * sh_k[r];
+            ak += s[i] * kr;
+            aq += s[i] * qr;
+            nrm += vec4<f32>(kr * kr, qr * qr, qr * kr, 0.0);
         }
     }
-    sh_ra[lid] = sk;
+    let at = grp * C4 + c4;
+    sh_red[at] = ak;
+    sh_red[256u + at] = aq;
+    sh_red[512u + at] = nrm;
     workgroupBarrier();
-    if (grp == 0u && live) {
-        var tot = 0.0;
-        for (var g = 0u; g < GROUPS; g++) {
-            tot += sh_ra[g * LANES + lane];
+    // Fold the 32 row groups to 8 (thread (j, c4) sums groups j, j + 8, j + 16, j + 24) ...
+    if (lid < 8u * C4) {
+        for (var x = 0u; x < 3u; x++) {
+            let b = x * 256u + lid;
+            sh_red[b] = sh_red[b] + sh_red[b + 64u] + sh_red[b + 128u] + sh_red[b + 192u];
         }
-        sh_u[lane] = beta * (sh_v[lane] - tot);
     }
     workgroupBarrier();
-    var so = 0.0;
+    // ... then to 1, and finish u and o for this vec4 of columns.
+    if (lid < C4) {
+        var tk = vec4<f32>(0.0);
+        var tq = vec4<f32>(0.0);
+        var tn = vec4<f32>(0.0);
+        for (var j = 0u; j < 8u; j++) {
+            tk += sh_red[j * C4 + lid];
+            tq += sh_red[256u + j * C4 + lid];
+            tn += sh_red[512u + j * C4 + lid];
+        }
+        let rk = inverseSqrt(tn.x + 1e-6);
+        let rq = inverseSqrt(tn.y + 1e-6) * p.scale;
+        let u = beta * (sh_v4[lid] - tk * rk);
+        sh_u4[lid] = u * rk;
+        if (live) {
+            let o = tq * rq + u * (tn.z * rk * rq);
+            let ob = h * p.dk + col4 * 4u;
+            o_out[ob] = o.x;
+            o_out[ob + 1u] = o.y;
+            o_out[ob + 2u] = o.z;
+            o_out[ob + 3u] = o.w;
+        }
+    }
+    workgroupBarrier();
     if (live) {
-        let u = sh_u[lane];
-        for (var i = 0u; i < RPT; i++) {
-            let r = grp + i * GROUPS;
+        let u = sh_u4[c4];
+        for (var i = 0u; i < DRPT; i++) {
+            let r = grp + i * DGROUPS;
             if (r < p.dk) {
-                s[i] += sh_k[r] * u;
-                so += s[i] * sh_q[r];
-                state[base + r * p.dk] = s[i];
+                state[base + r * dk4] = s[i] + sh_k[r] * u;
             }
         }
-    }
-    sh_rb[lid] = so;
-    workgroupBarrier();
-    if (grp == 0u && live) {
-        var tot = 0.0;
-        for (var g = 0u; g < GROUPS; g++) {
-            tot += sh_rb[g * LANES + lane];
-        }
-        o_out[h * p.dk + col] = tot;
     }
 }
 

@@ -66,12 +66,16 @@ fn kda_chunk_cumsum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 }
 
 var<workgroup> sh_akk: array<f32, 4096>;     // [C, C] beta_r * A_kk, strictly lower
-var<workgroup> sh_tk: array<f32, 1024>;      // [C, KT]
-var<workgroup> sh_tq: array<f32, 1024>;
-var<workgroup> sh_tg: array<f32, 1024>;
-var<workgroup> sh_lk: array<f32, 1024>;      // [C, KT] k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
-var<workgroup> sh_lq: array<f32, 1024>;      // [C, KT] q_r e^(Gamma_r - Gamma_n(r))
-var<workgroup> sh_rk: array<f32, 2304>;      // [3, 48, KT] k_j e^(Gamma_n - Gamma_j), n = 16, 32, 48, j < n
+// One workgroup array, two lives: while A_kk and A_qk are accumulated it holds the staged
+// channel tiles (offsets O_*), then M = (I + A_kk)^-1 [C, C] at 0 and a block product at O_T.
+var<workgroup> sh_big: array<f32, 7424>;
+const O_TK: u32 = 0u;        // [C, KT] k
+const O_TQ: u32 = 1024u;     // [C, KT] q
+const O_TG: u32 = 2048u;     // [C, KT] Gamma
+const O_LK: u32 = 3072u;     // [C, KT] k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
+const O_LQ: u32 = 4096u;     // [C, KT] q_r e^(Gamma_r - Gamma_n(r))
+const O_RK: u32 = 5120u;     // [3, 48, KT] k_j e^(Gamma_n - Gamma_j), n = 16, 32, 48, j < n
+const O_T: u32 = 4096u;      // [3, 16, 16] T_ab = sum_m A_am M_mb of one block distance
 var<workgroup> sh_beta: array<f32, 64>;
 
 const SUB: u32 = 16u;     // sub-chunk rows
@@ -105,9 +109,9 @@ fn kda_chunk_intra(
             let cc = e % KT;
             let at = (t0 + rr) * hk + h * p.dk + c0 + cc;
             let ok = rr < nv;
-            sh_tk[e] = select(0.0, k[at], ok);
-            sh_tq[e] = select(0.0, q[at], ok);
-            sh_tg[e] = select(0.0, gam[at], ok);
+            sh_big[O_TK + e] = select(0.0, k[at], ok);
+            sh_big[O_TQ + e] = select(0.0, q[at], ok);
+            sh_big[O_TG + e] = select(0.0, gam[at], ok);
         }
         workgroupBarrier();
         // Sub-chunk references (spec 4.4): both exponents <= 0, so the off-diagonal blocks
@@ -115,10 +119,10 @@ fn kda_chunk_intra(
         for (var e = lid; e < C * KT; e += WG) {
             let rr = e / KT;
             let cc = e % KT;
-            let gn = sh_tg[(rr / SUB) * SUB * KT + cc];
-            let sc = select(0.0, exp(sh_tg[e] - gn), rr < nv);
-            sh_lk[e] = sh_tk[e] * sc;
-            sh_lq[e] = sh_tq[e] * sc;
+            let gn = sh_big[O_TG + (rr / SUB) * SUB * KT + cc];
+            let sc = select(0.0, exp(sh_big[O_TG + e] - gn), rr < nv);
+            sh_big[O_LK + e] = sh_big[O_TK + e] * sc;
+            sh_big[O_LQ + e] = sh_big[O_TQ + e] * sc;
         }
         for (var e = lid; e < 3u * 48u * KT; e += WG) {
             let a = e / (48u * KT) + 1u;
@@ -127,9 +131,9 @@ fn kda_chunk_intra(
             let n0 = a * SUB;
             var val = 0.0;
             if (jj < n0 && n0 < nv) {
-                val = sh_tk[jj * KT + cc] * exp(sh_tg[n0 * KT + cc] - sh_tg[jj * KT + cc]);
+                val = sh_big[O_TK + jj * KT + cc] * exp(sh_big[O_TG + n0 * KT + cc] - sh_big[O_TG + jj * KT + cc]);
             }
-            sh_rk[e] = val;
+            sh_big[O_RK + e] = val;
         }
         workgroupBarrier();
         if (r < nv) {
@@ -142,16 +146,16 @@ fn kda_chunk_intra(
                     if (j / SUB == a) {
                         for (var cc = 0u; cc < KT; cc++) {
                             // Diagonal block: pairwise exponent Gamma_r - Gamma_j <= 0.
-                            let kj = sh_tk[j * KT + cc] * exp(sh_tg[r * KT + cc] - sh_tg[j * KT + cc]);
-                            sk += sh_tk[r * KT + cc] * kj;
-                            sq += sh_tq[r * KT + cc] * kj;
+                            let kj = sh_big[O_TK + j * KT + cc] * exp(sh_big[O_TG + r * KT + cc] - sh_big[O_TG + j * KT + cc]);
+                            sk += sh_big[O_TK + r * KT + cc] * kj;
+                            sq += sh_big[O_TQ + r * KT + cc] * kj;
                         }
                     } else {
                         let rb = ((a - 1u) * 48u + j) * KT;
                         for (var cc = 0u; cc < KT; cc++) {
-                            let kj = sh_rk[rb + cc];
-                            sk += sh_lk[r * KT + cc] * kj;
-                            sq += sh_lq[r * KT + cc] * kj;
+                            let kj = sh_big[O_RK + rb + cc];
+                            sk += sh_big[O_LK + r * KT + cc] * kj;
+                            sq += sh_big[O_LQ + r * KT + cc] * kj;
                         }
                     }
                     akk[m] += sk;
@@ -169,29 +173,91 @@ fn kda_chunk_intra(
         aqk[abase + r * C + j] = select(0.0, aq[m], live);
     }
     workgroupBarrier();
-    // Forward substitution, one column of [K e^Gamma | V] per thread: X_r = rhs_r - sum_{m<r} A[r,m] X_m.
+    // M = (I + A)^-1 (A = sh_akk, strictly lower, rows scaled by beta), blockwise in f32 (spec
+    // 4.4): the 16x16 diagonal blocks by forward substitution, then the blocks at distance
+    // d = 1, 2, 3 below the diagonal: M_ab = -M_aa sum_{m=b}^{a-1} A_am M_mb.
+    for (var e = lid; e < C * C; e += WG) {
+        sh_big[e] = select(0.0, 1.0, e / C == e % C);
+    }
+    workgroupBarrier();
+    if (lid < C) {
+        let r0 = (lid / SUB) * SUB;
+        let j = lid % SUB;
+        for (var i = j + 1u; i < SUB; i++) {
+            var acc = -sh_akk[(r0 + i) * C + r0 + j];
+            for (var m = j + 1u; m < i; m++) {
+                acc -= sh_akk[(r0 + i) * C + r0 + m] * sh_big[(r0 + m) * C + r0 + j];
+            }
+            sh_big[(r0 + i) * C + r0 + j] = acc;
+        }
+    }
+    workgroupBarrier();
+    for (var d = 1u; d < C / SUB; d++) {
+        let nb = C / SUB - d;
+        for (var e = lid; e < nb * SUB * SUB; e += WG) {
+            let b = e / (SUB * SUB);
+            let a = b + d;
+            let i = (e / SUB) % SUB;
+            let j = e % SUB;
+            var acc = 0.0;
+            for (var m = b * SUB; m < a * SUB; m++) {
+                acc += sh_akk[(a * SUB + i) * C + m] * sh_big[m * C + b * SUB + j];
+            }
+            sh_big[O_T + e] = acc;
+        }
+        workgroupBarrier();
+        for (var e = lid; e < nb * SUB * SUB; e += WG) {
+            let b = e / (SUB * SUB);
+            let a = b + d;
+            let i = (e / SUB) % SUB;
+            let j = e % SUB;
+            var acc = 0.0;
+            for (var m = 0u; m <= i; m++) {
+                acc += sh_big[(a * SUB + i) * C + a * SUB + m] * sh_big[O_T + b * SUB * SUB + m * SUB + j];
+            }
+            sh_big[(a * SUB + i) * C + b * SUB + j] = -acc;
+        }
+        workgroupBarrier();
+    }
+    // [w | u] = M diag(beta) [K e^Gamma | V], one column per thread: the column's rows are
+    // loaded up front (independent loads), then a dense lower-triangular product; qg and kg
+    // on the way.
     let glast = (t0 + nv - 1u) * hk + h * p.dk;
     for (var col = lid; col < 2u * p.dk; col += WG) {
-        var x: array<f32, 64>;
+        var bcol: array<f32, 64>;
         let isk = col < p.dk;
         let cc = select(col - p.dk, col, isk);
+        var gl = 0.0;
+        if (isk) {
+            gl = gam[glast + cc];
+        }
+        for (var rr = 0u; rr < C; rr++) {
+            var x = 0.0;
+            if (rr < nv) {
+                let at = (t0 + rr) * hk + h * p.dk + cc;
+                if (isk) {
+                    let gr = gam[at];
+                    let kv = k[at];
+                    let eg = exp(gr);
+                    x = kv * eg;
+                    qg[at] = q[at] * eg;
+                    kg[at] = kv * exp(gl - gr);
+                } else {
+                    x = v[at];
+                }
+            }
+            bcol[rr] = sh_beta[rr] * x;
+        }
         for (var rr = 0u; rr < nv; rr++) {
+            var acc = 0.0;
+            for (var mb = 0u; mb < C / SUB; mb++) {
+                if (mb * SUB <= rr) {
+                    for (var mi = 0u; mi < SUB; mi++) {
+                        acc += sh_big[rr * C + mb * SUB + mi] * bcol[mb * SUB + mi];
+                    }
+                }
+            }
             let at = (t0 + rr) * hk + h * p.dk + cc;
-            var rhs: f32;
-            if (isk) {
-                let gr = gam[at];
-                let kv = k[at];
-                rhs = kv * exp(gr);
-                qg[at] = q[at] * exp(gr);
-                kg[at] = kv * exp(gam[glast + cc] - gr);
-            } else {
-                rhs = v[at];
-            }
-            var acc = sh_beta[rr] * rhs;
-            for (var m = 0u; m < rr; m++) {
-                acc -= sh_akk[rr * C + m] * x[m];
-            }
-            x[rr] = acc;
             if (isk) {
                 w[at] = acc;
             } else {

@@ -6,7 +6,7 @@ mod support;
 
 use k31_engine::config::{KdaGate, KdaOutputGate};
 use k31_engine::gpu::Gpu;
-use k31_engine::ops::kda::{self, ChunkScratch, KdaGeom, KdaInputs, Prepped};
+use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, KdaGeom, KdaInputs, Prepped};
 use k31_engine::reference::kda as r;
 use support::golden;
 
@@ -68,8 +68,14 @@ impl Core {
         r::recurrence(&q, &kk, &streams[2], &gg, &beta, &self.s0, t, g.heads, k, k)
     }
 
-    /// GPU: chunked prefill of tokens [0, t), then `n` decode steps. Returns (o [t+n, H, V], state).
+    /// GPU: chunked prefill (SIMT path) of tokens [0, t), then `n` decode steps.
+    /// Returns (o [t+n, H, V], state).
     fn gpu_run(&self, gpu: &Gpu, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        self.gpu_run_path(gpu, ChunkPath::Simt, t, n)
+    }
+
+    /// [`Core::gpu_run`] with the prefill through `path`.
+    fn gpu_run_path(&self, gpu: &Gpu, path: ChunkPath, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
         let g = &self.geom;
         let (p, k, h) = (g.proj(), g.head_dim, g.heads);
         let ring = gpu.storage("ring", (g.taps * 3 * p * 4) as u64);
@@ -81,12 +87,12 @@ impl Core {
         let mut out = Vec::new();
         if t > 0 {
             let pre = Prepped::new(gpu, g, t);
-            let scratch = ChunkScratch::new(gpu, g, t).expect("scratch");
+            let scratch = ChunkScratch::for_path(gpu, g, t, path).expect("scratch");
             let o = gpu.storage("o", (t * p * 4) as u64);
             self.with_rows(gpu, 0, t, |inp| {
                 let mut enc = gpu.device.create_command_encoder(&Default::default());
                 kda::prep(gpu, &mut enc, g, t, 0, inp, &ring, &pre, None).expect("prep");
-                kda::chunk_prefill(gpu, &mut enc, g, &pre, &scratch, &state, &o, None).expect("prefill");
+                kda::chunk_prefill_with(gpu, &mut enc, path, g, &pre, &scratch, &state, &o, None).expect("prefill");
                 gpu.queue.submit([enc.finish()]);
             });
             out.extend(gpu.read::<f32>(&o, t * p).expect("read o"));
@@ -147,6 +153,9 @@ fn decode_matches_reference() {
     check_case(&gpu, 11, 0, 5, 3, 48, KdaGate::Softplus, true);
     check_case(&gpu, 12, 0, 3, 1, 256, BOUNDED, true);
     check_case(&gpu, 13, 0, 4, 2, 128, KdaGate::Softplus, false);
+    // Partial vec4-column tiles (80 = 2.5 tiles of 32 columns) and a one-tile head.
+    check_case(&gpu, 14, 0, 6, 4, 80, BOUNDED, true);
+    check_case(&gpu, 15, 0, 4, 3, 16, KdaGate::Softplus, true);
 }
 
 #[test]
@@ -163,10 +172,47 @@ fn prefill_matches_reference() {
         (1000, 1, 128, KdaGate::Softplus, false),
         (65, 1, 128, BOUNDED, true),
         (17, 4, 128, KdaGate::Softplus, true),
+        (100, 1, 256, BOUNDED, true),
+        (70, 2, 80, KdaGate::Softplus, false),
     ];
     for (i, &(t, h, k, gate, init)) in cases.iter().enumerate() {
         check_case(&gpu, 100 + i as u64, t, 0, h, k, gate, init);
     }
+}
+
+/// The cooperative-matrix prefill (f16 operands, f32 accumulation), where the adapter has it
+/// (not on lavapipe: there this test only checks that the path is not offered). Its error
+/// against the f64 reference is printed; the bound is the f16 one, not the SIMT 1e-4.
+#[test]
+fn coop_prefill_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    let probe = KdaGeom { heads: 1, head_dim: 128, taps: 4, gate: BOUNDED, post_conv: false };
+    if !ChunkPath::available(&gpu, &probe).contains(&ChunkPath::Coop) {
+        assert!(!gpu.caps.coopmat || !gpu.caps.subgroups, "coop path missing on an adapter that has it");
+        eprintln!("no cooperative matrices on this adapter: coop prefill not tested");
+        return;
+    }
+    let cases: &[(usize, usize, usize, usize, KdaGate, bool)] = &[
+        (1, 0, 1, 16, BOUNDED, false),
+        (17, 3, 2, 32, KdaGate::Softplus, true),
+        (64, 0, 3, 64, BOUNDED, true),
+        (65, 2, 4, 16, KdaGate::Softplus, false),
+        (200, 0, 2, 128, BOUNDED, false),
+        (200, 4, 1, 64, KdaGate::Softplus, true),
+        (1000, 0, 2, 128, BOUNDED, true),
+        (1000, 0, 1, 128, KdaGate::Softplus, false),
+    ];
+    let mut worst: f64 = 0.0;
+    for (i, &(t, n, h, k, gate, init)) in cases.iter().enumerate() {
+        let core = random_core(300 + i as u64, t + n, h, k, gate, init);
+        let (want_o, want_s) = core.reference(t + n);
+        let (got_o, got_s) = core.gpu_run_path(&gpu, ChunkPath::Coop, t, n);
+        let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
+        eprintln!("coop T={t} N={n} H={h} K={k} {gate:?} init={init}: o {eo:.2e} state {es:.2e}");
+        worst = worst.max(eo).max(es);
+    }
+    eprintln!("coop prefill: worst rel L2 {worst:.2e}");
+    assert!(worst <= 1e-2, "coop prefill: worst rel L2 {worst:.2e}");
 }
 
 #[test]
@@ -212,6 +258,39 @@ fn golden_core_prefill_and_decode() {
             let (eo, es) = (rel_l2(&o, &want_o), rel_l2(&s, &want_s));
             eprintln!("golden {case} {label}: o {eo:.2e} state {es:.2e}");
             assert!(eo <= TOL && es <= TOL, "golden {case} {label}: o {eo:.2e} state {es:.2e}");
+        }
+    }
+}
+
+/// The subgroup prep kernel and the shared-memory one give the same recurrence inputs (the
+/// other tests run whichever the adapter picks), with the conv window from a previous call.
+#[test]
+fn prep_variants_agree() {
+    let Some(gpu) = support::gpu() else { return };
+    if !gpu.caps.subgroups {
+        eprintln!("no subgroups: only the shared-memory prep exists here");
+        return;
+    }
+    for (seed, t, h, k, gate) in [(400, 37, 3, 48, BOUNDED), (401, 9, 2, 256, KdaGate::Softplus), (402, 70, 5, 16, BOUNDED)] {
+        let core = random_core(seed, t, h, k, gate, false);
+        let g = &core.geom;
+        let p = g.proj();
+        let mut outs = Vec::new();
+        for sg in [false, true] {
+            let ring = gpu.storage_from("ring", &scaled(seed + 9, g.taps * 3 * p, 1.0));
+            let pre = Prepped::new(&gpu, g, t);
+            core.with_rows(&gpu, 0, t, |inp| {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                kda::prep_with(&gpu, &mut enc, sg, g, t, 7, inp, &ring, &pre, None).expect("prep");
+                gpu.queue.submit([enc.finish()]);
+            });
+            let n = t * p;
+            let read = |b: &k31_engine::wgpu::Buffer, n: usize| gpu.read::<f32>(b, n).expect("read");
+            outs.push([read(&pre.q, n), read(&pre.k, n), read(&pre.v, n), read(&pre.g, n), read(&pre.beta, t * h), read(&ring, g.taps * 3 * p)]);
+        }
+        for (i, name) in ["q", "k", "v", "g", "beta", "ring"].iter().enumerate() {
+            let e = rel_l2(&outs[1][i], &outs[0][i]);
+            assert!(e < 1e-6, "prep {name} (T={t} H={h} K={k}): subgroup vs shared memory {e:.2e}");
         }
     }
 }

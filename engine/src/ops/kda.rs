@@ -19,24 +19,57 @@ shader_params!(
 );
 
 pub const KDA_PREP: Kernel = Kernel::new("kda_prep", "kda", "kda_prep");
+/// kda_prep with one subgroup per (token, head) row (kda_sg.wgsl), where the adapter has subgroups.
+pub const KDA_PREP_SG: Kernel = Kernel::new("kda_prep_sg", "kda_sg", "kda_prep_sg").subgroups();
+/// (token, head) rows per kda_prep_sg workgroup (ROWS in kda_sg.wgsl).
+const PREP_SG_ROWS: usize = 8;
 pub const KDA_CONV_SAVE: Kernel = Kernel::new("kda_conv_save", "kda", "kda_conv_save");
-pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode");
+/// Every index of the decode kernel is within the host-checked extents (`decode` checks
+/// all bindings), so it runs without wgpu's bounds checks.
+pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode").unchecked();
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
 pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
 pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", "kda_chunk_state");
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out");
-pub const KERNELS: &[Kernel] =
-    &[KDA_PREP, KDA_CONV_SAVE, KDA_DECODE, KDA_GATED_NORM, KDA_CHUNK_CUMSUM, KDA_CHUNK_INTRA, KDA_CHUNK_STATE, KDA_CHUNK_OUT];
+/// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
+pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
+pub const KERNELS: &[Kernel] = &[
+    KDA_PREP,
+    KDA_PREP_SG,
+    KDA_CONV_SAVE,
+    KDA_DECODE,
+    KDA_GATED_NORM,
+    KDA_CHUNK_CUMSUM,
+    KDA_CHUNK_INTRA,
+    KDA_CHUNK_STATE,
+    KDA_CHUNK_OUT,
+    KDA_COOP_SCAN,
+];
+
+shader_params!(
+    /// Mirrors `KdaCoopParams` in shaders/kda_coop.wgsl.
+    KdaCoopParams in "kda_coop" { t_len: u32, heads: u32, dk: u32, nchunks: u32 }
+);
 
 pub fn params() -> Vec<super::ParamsLayout> {
-    vec![super::layout_of::<KdaParams>(), super::layout_of::<KdaChunkParams>()]
+    vec![
+        super::layout_of::<KdaParams>(),
+        super::ParamsLayout { shader: "kda_sg", ..super::layout_of::<KdaParams>() },
+        super::layout_of::<KdaChunkParams>(),
+        super::layout_of::<KdaCoopParams>(),
+    ]
 }
+
+/// Largest head dim of the cooperative-matrix prefill (KMAX in kda_coop.wgsl).
+const COOP_KMAX: usize = 128;
+/// Value columns per coop scan workgroup (BV in kda_coop.wgsl).
+const COOP_BV: usize = 16;
 
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
-/// Value columns per decode workgroup (LANES in kda.wgsl).
-const DECODE_LANES: usize = 16;
+/// Value columns per decode workgroup (4 * C4 in kda.wgsl).
+const DECODE_COLS: usize = 32;
 /// Value columns per state / output workgroup (LANES in kda_chunk.wgsl).
 const LANES: usize = 16;
 
@@ -141,27 +174,34 @@ pub struct ChunkScratch {
     qg: wgpu::Buffer,
     kg: wgpu::Buffer,
     aqk: wgpu::Buffer,
-    /// [N, H, K, V] state before each chunk.
-    hs: wgpu::Buffer,
+    /// [N, H, K, V] state before each chunk (SIMT path only: the coop scan fuses the output).
+    hs: Option<wgpu::Buffer>,
     t_len: usize,
 }
 
 impl ChunkScratch {
-    /// Fails when one scratch buffer would exceed a storage binding (split the prefill).
+    /// Scratch for the adapter's default path. Fails when one scratch buffer would exceed a
+    /// storage binding (split the prefill).
     pub fn new(gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<ChunkScratch, GpuError> {
-        let hs = (t_len.div_ceil(CHUNK) * geom.heads * geom.head_dim * geom.head_dim * 4) as u64;
-        if hs > gpu.caps.max_binding {
-            return Err(GpuError::TooLarge { what: format!("kda prefill of {t_len} tokens (chunk states)"), needed: hs, limit: gpu.caps.max_binding });
-        }
-        let n = (t_len * geom.proj() * 4) as u64;
+        ChunkScratch::for_path(gpu, geom, t_len, ChunkPath::available(gpu, geom)[0])
+    }
+
+    /// Scratch for `path` (the coop path needs no per-chunk states).
+    pub fn for_path(gpu: &Gpu, geom: &KdaGeom, t_len: usize, path: ChunkPath) -> Result<ChunkScratch, GpuError> {
         let chunks = t_len.div_ceil(CHUNK);
+        let hs = (chunks * geom.heads * geom.head_dim * geom.head_dim * 4) as u64;
+        let n = (t_len * geom.proj() * 4) as u64;
+        let big = if path == ChunkPath::Simt { hs.max(n) } else { n };
+        if big > gpu.caps.max_binding {
+            return Err(GpuError::TooLarge { what: format!("kda prefill of {t_len} tokens (chunk scratch)"), needed: big, limit: gpu.caps.max_binding });
+        }
         Ok(ChunkScratch {
             w: gpu.storage("kda w", n),
             u: gpu.storage("kda u", n),
             qg: gpu.storage("kda qg", n),
             kg: gpu.storage("kda kg", n),
             aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * 4) as u64),
-            hs: gpu.storage("kda chunk states", (chunks * geom.heads * geom.head_dim * geom.head_dim * 4) as u64),
+            hs: (path == ChunkPath::Simt).then(|| gpu.storage("kda chunk states", hs)),
             t_len,
         })
     }
@@ -205,10 +245,28 @@ fn dispatch(
 
 /// Prefill preprocessing of `t_len` tokens starting at absolute position `pos`: conv + SiLU
 /// (window from `ring`), l2 norm, scale, gate, beta into `out`; then the ring is advanced.
+/// Uses the subgroup kernel where the adapter has subgroups.
 #[allow(clippy::too_many_arguments)]
 pub fn prep(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
+    geom: &KdaGeom,
+    t_len: usize,
+    pos: u64,
+    inp: &KdaInputs,
+    ring: &wgpu::Buffer,
+    out: &Prepped,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    prep_with(gpu, enc, gpu.caps.subgroups, geom, t_len, pos, inp, ring, out, profiler)
+}
+
+/// [`prep`] through the subgroup kernel (`subgroups`) or the shared-memory one.
+#[allow(clippy::too_many_arguments)]
+pub fn prep_with(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    subgroups: bool,
     geom: &KdaGeom,
     t_len: usize,
     pos: u64,
@@ -236,7 +294,12 @@ pub fn prep(
         (13, &out.g),
         (14, &out.beta),
     ];
-    dispatch(gpu, enc, &KDA_PREP, &uniform, &bufs, t_len * geom.heads, profiler.as_deref_mut())?;
+    let rows = t_len * geom.heads;
+    if subgroups {
+        dispatch(gpu, enc, &KDA_PREP_SG, &uniform, &bufs, rows.div_ceil(PREP_SG_ROWS), profiler.as_deref_mut())?;
+    } else {
+        dispatch(gpu, enc, &KDA_PREP, &uniform, &bufs, rows, profiler.as_deref_mut())?;
+    }
     let keep = t_len.min(geom.taps) * 3 * geom.proj();
     dispatch(gpu, enc, &KDA_CONV_SAVE, &uniform, &[(1, inp.qkv), (7, ring)], keep.div_ceil(256), profiler)
 }
@@ -271,11 +334,88 @@ pub fn decode(
         (8, state),
         (9, o),
     ];
-    dispatch(gpu, enc, &KDA_DECODE, &uniform, &bufs, geom.heads * k.div_ceil(DECODE_LANES), profiler)
+    dispatch(gpu, enc, &KDA_DECODE, &uniform, &bufs, geom.heads * k.div_ceil(DECODE_COLS), profiler)
+}
+
+/// One layer's decode in [`decode_one_pass`].
+pub struct DecodeStep<'a> {
+    pub inp: KdaInputs<'a>,
+    pub ring: &'a wgpu::Buffer,
+    pub state: &'a wgpu::Buffer,
+    pub o: &'a wgpu::Buffer,
+    pub pos: u64,
+}
+
+/// The decodes of several layers recorded into ONE compute pass (one dispatch each, one
+/// optional timestamp pair around all of them): what [`decode`] does per step, without a
+/// pass per layer. wgpu still orders dispatches that share a written buffer.
+pub fn decode_one_pass(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    geom: &KdaGeom,
+    steps: &[DecodeStep],
+    timestamp_writes: Option<wgpu::ComputePassTimestampWrites>,
+) -> Result<(), GpuError> {
+    let k = geom.head_dim;
+    let pipeline = gpu.pipelines.get(gpu, &KDA_DECODE)?;
+    let mut binds = Vec::with_capacity(steps.len());
+    for st in steps {
+        check_inputs(geom, 1, &st.inp, st.ring)?;
+        need(st.state, geom.heads * k * k, "state [H, K, V]")?;
+        need(st.o, geom.proj(), "o [H, V]")?;
+        let uniform = gpu.uniform("kda params", &geom.params(1, st.pos));
+        let bufs = [
+            (0, &uniform),
+            (1, st.inp.qkv),
+            (2, st.inp.f),
+            (3, st.inp.b),
+            (4, st.inp.conv_w),
+            (5, st.inp.a_log),
+            (6, st.inp.dt_bias),
+            (7, st.ring),
+            (8, st.state),
+            (9, st.o),
+        ];
+        let e: Vec<wgpu::BindGroupEntry> =
+            bufs.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
+        binds.push(gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("kda_decode"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &e,
+        }));
+    }
+    let (gx, gy) = gpu.grid((geom.heads * k.div_ceil(DECODE_COLS)) as u32);
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kda_decode x layers"), timestamp_writes });
+    pass.set_pipeline(&pipeline);
+    for b in &binds {
+        pass.set_bind_group(0, b, &[]);
+        pass.dispatch_workgroups(gx, gy, 1);
+    }
+    Ok(())
+}
+
+/// Kernel family of the chunked prefill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkPath {
+    /// Plain WGSL, f32 throughout (every adapter).
+    Simt,
+    /// Cooperative matrices (f16 operands, f32 accumulation) where the adapter has them.
+    Coop,
+}
+
+impl ChunkPath {
+    /// The paths this adapter can run at this shape, the default first: the coop path where
+    /// the adapter has 16x16x16 f16 cooperative matrices and subgroups and K <= 128.
+    pub fn available(gpu: &Gpu, geom: &KdaGeom) -> Vec<ChunkPath> {
+        let coop = gpu.caps.coopmat && gpu.caps.subgroups && geom.head_dim <= COOP_KMAX && geom.head_dim % COOP_BV == 0;
+        if coop { vec![ChunkPath::Coop, ChunkPath::Simt] } else { vec![ChunkPath::Simt] }
+    }
 }
 
 /// Chunked WY/UT prefill over the prepared inputs: o [T, H, V], `state` advanced in place.
-/// `pre.g` is overwritten with the within-chunk cumulative gate.
+/// `pre.g` is overwritten with the within-chunk cumulative gate. Uses the adapter's default
+/// path ([`ChunkPath::available`]).
+#[allow(clippy::too_many_arguments)]
 pub fn chunk_prefill(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -284,8 +424,28 @@ pub fn chunk_prefill(
     scratch: &ChunkScratch,
     state: &wgpu::Buffer,
     o: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let path = ChunkPath::available(gpu, geom)[0];
+    chunk_prefill_with(gpu, enc, path, geom, pre, scratch, state, o, profiler)
+}
+
+/// [`chunk_prefill`] through the given kernel family.
+#[allow(clippy::too_many_arguments)]
+pub fn chunk_prefill_with(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    path: ChunkPath,
+    geom: &KdaGeom,
+    pre: &Prepped,
+    scratch: &ChunkScratch,
+    state: &wgpu::Buffer,
+    o: &wgpu::Buffer,
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    if path == ChunkPath::Coop && !ChunkPath::available(gpu, geom).contains(&path) {
+        return Err(GpuError::Shape(format!("kda prefill: no cooperative-matrix path on this adapter for K = {}", geom.head_dim)));
+    }
     geom.check()?;
     let t = pre.t_len;
     let k = geom.head_dim;
@@ -312,9 +472,16 @@ pub fn chunk_prefill(
         (10, &s.aqk),
     ];
     dispatch(gpu, enc, &KDA_CHUNK_INTRA, &uniform, &intra, nchunks * geom.heads, profiler.as_deref_mut())?;
-    let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, &s.hs)];
+    if path == ChunkPath::Coop {
+        let cp = KdaCoopParams { t_len: t as u32, heads: geom.heads as u32, dk: k as u32, nchunks: nchunks as u32 };
+        let cu = gpu.uniform("kda coop params", &cp);
+        let scan = [(1, &s.w), (2, &s.u), (3, &s.qg), (4, &s.kg), (5, &s.aqk), (6, &pre.g), (7, state), (8, o)];
+        return dispatch(gpu, enc, &KDA_COOP_SCAN, &cu, &scan, geom.heads * (k / COOP_BV), profiler);
+    }
+    let hs = s.hs.as_ref().ok_or_else(|| GpuError::Shape("kda prefill: scratch made for the coop path has no chunk states".into()))?;
+    let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, hs)];
     dispatch(gpu, enc, &KDA_CHUNK_STATE, &uniform, &scan, geom.heads * k.div_ceil(LANES), profiler.as_deref_mut())?;
-    let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, &s.hs)];
+    let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, hs)];
     dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(LANES), profiler)
 }
 
