@@ -9,6 +9,8 @@ use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
 use k31_engine::gpu::{Gpu, GpuTensor};
 use k31_engine::layout::DType;
 use k31_engine::ops::dsa::{self, MlaDims, PagedRows, TopkScratch};
+use k31_engine::reference::dsa as refdsa;
+use k31_engine::wgpu;
 
 const IH: usize = 32;
 const ID: usize = 128;
@@ -25,6 +27,27 @@ fn random(seed: u64, n: usize) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
+}
+
+/// Compares a GPU top-k (sel read back) with the CPU reference on the same scores: "exact" or
+/// the first differences (the rule is exact, order included: score desc, position asc).
+fn check_topk(gpu: &Gpu, scores: &wgpu::Buffer, n: usize, sel: &wgpu::Buffer, k: usize) -> anyhow::Result<String> {
+    let v: Vec<f32> = gpu.read(scores, n)?;
+    let got: Vec<i32> = gpu.read(sel, k)?;
+    let row: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+    let want = refdsa::topk(&row, n, k);
+    let bad = (0..k).filter(|&i| want.get(i).map_or(-1, |&w| w as i32) != got[i]).count();
+    Ok(if bad == 0 { "exact".into() } else { format!("MISMATCH at {bad} of {k} ranks") })
+}
+
+thread_local! {
+    /// Correctness checks run inside the bench (printed and saved with --json).
+    static CHECKS: std::cell::RefCell<Vec<(String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn report_check(name: String, result: String) {
+    println!("  check {name}: {result}");
+    CHECKS.with(|c| c.borrow_mut().push((name, result)));
 }
 
 const TORCH: &str = r#"
@@ -101,6 +124,7 @@ fn main() -> anyhow::Result<()> {
             let sel_s = gpu.storage("sel scores", (k * 4) as u64);
             let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, prof))?;
             out.push((format!("top-{k} of indexer scores, S={s}"), t, (s * 4) as f64));
+            report_check(format!("top-{k} S={s} vs CPU reference"), check_topk(&gpu, &scores, s, &sel, k)?);
             let mut cache = PagedRows::new(&gpu, "latent", dims.width(), 1024, s)?;
             cache.upload(&gpu, &random(s as u64 + 1, s * dims.width()))?;
             let qa = gpu.storage_from("qa", &random(3, dims.heads * dims.width()));
@@ -127,6 +151,21 @@ fn main() -> anyhow::Result<()> {
     let sel_s = gpu.storage("sel scores", (TOPK * 4) as u64);
     let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
     push(&mut rows, format!("top-2048 of {n} random scores"), t, (n * 4) as f64);
+    report_check(format!("top-2048 of {n} random vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
+    // Worst case for the tie rule: scores on 129 levels, the 2048th tied with ~2300 others
+    // spread over the whole row.
+    let tied: Vec<f32> = random(10, n).iter().map(|x| (x * 64.0).round()).collect();
+    let scores = gpu.storage_from("tied scores", &tied);
+    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    push(&mut rows, format!("top-2048 of {n} scores, ties at the k-th"), t, (n * 4) as f64);
+    report_check(format!("top-2048 of {n} tied vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
+    // 1M random scores (the largest context).
+    let n = if quick { 1 << 16 } else { 1 << 20 };
+    let scores = gpu.storage_from("scores 1M", &random(11, n));
+    let scratch = TopkScratch::new(&gpu, 1, n, TOPK)?;
+    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    push(&mut rows, format!("top-2048 of {n} random scores"), t, (n * 4) as f64);
+    report_check(format!("top-2048 of {n} random vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
     let mut torch_json = serde_json::Value::Null;
     if torch {
         let path = std::env::temp_dir().join("k31_dsa_torch.py");
@@ -140,7 +179,9 @@ fn main() -> anyhow::Result<()> {
         torch_json = serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::Null);
     }
     if let Some(path) = json_out {
-        let doc = serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows, "torch": torch_json});
+        let checks: Vec<serde_json::Value> =
+            CHECKS.with(|c| c.borrow().iter().map(|(n, r)| serde_json::json!({"check": n, "result": r})).collect());
+        let doc = serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows, "checks": checks, "torch": torch_json});
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())

@@ -141,6 +141,26 @@ fn topk_radix_select_follows_the_tie_rule() {
             assert_eq!(sel, want_topk(&v, 1, len, len, k), "len {len} k {k} kind {kind}");
         }
     }
+    // Rows past 256 workgroups of 2048 positions (the tie-prefix carry), quantised scores so
+    // the k-th value is tied across many workgroups, and sparse ties near the boundary.
+    for (len, k, kind) in [(600_001usize, 2048usize, 0), (600_001, 2048, 1), (300_000, 1000, 4), (5000, 2048, 5)] {
+        seed += 1;
+        let mut v = random_vec(seed, len);
+        match kind {
+            1 => v.iter_mut().for_each(|x| *x = (*x * 64.0).round()),
+            4 => v.iter_mut().for_each(|x| *x = (*x * 4096.0).round() / 4096.0),
+            5 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i % 7 == 0 { 0.5 } else { *x * 0.4 }),
+            _ => {}
+        }
+        let (sel, _) = gpu_topk(&g, &v, 1, len, len, k);
+        assert_eq!(sel, want_topk(&v, 1, len, len, k), "len {len} k {k} kind {kind}");
+    }
+    // Several long rows at once, each with its own boundary.
+    let (rows, row_len, k) = (3, 9000, 2048);
+    let mut v = random_vec(77, rows * row_len);
+    v[row_len..2 * row_len].iter_mut().for_each(|x| *x = (*x * 3.0).round());
+    let (sel, _) = gpu_topk(&g, &v, rows, row_len - 3, row_len, k);
+    assert_eq!(sel, want_topk(&v, rows, row_len - 3, row_len, k), "long rows");
     // Causal rows: row r sees positions 0..=100+r; short prefixes below k select everything.
     let (rows, row_len, pos0, k) = (33, 133, 100, 120);
     let v = random_vec(99, rows * row_len);
