@@ -48,6 +48,13 @@ pub const INDEX_SCORES_K31: Kernel =
     Kernel::new("index_scores_32x128", "indexer", "index_scores").with_constants(&[("IH", 32.0), ("ID", 128.0)]);
 pub const INDEX_SCORES_4X32: Kernel =
     Kernel::new("index_scores_4x32", "indexer", "index_scores").with_constants(&[("IH", 4.0), ("ID", 32.0)]);
+/// The K3.1 indexer (32 x 128) on cooperative matrices, q split into two f16 parts (about f32
+/// accuracy): the default where the adapter has them (see [`IndexVariant`]).
+pub const INDEX_SCORES_COOP: Kernel =
+    Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 1.0)]).coopmat();
+/// Same with q rounded to f16 (half the tensor-core work, ~5e-4 relative per head dot).
+pub const INDEX_SCORES_COOP_F16: Kernel =
+    Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 0.0)]).coopmat();
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
 pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
 pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
@@ -55,6 +62,7 @@ pub const TOPK_COLLECT: Kernel = Kernel::new("topk_collect", "topk", "topk_colle
 pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
 pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
+pub const MLA_ATTEND_GROUPED: Kernel = Kernel::new("mla_attend_grouped", "mla", "mla_attend_grouped");
 pub const MLA_COMBINE: Kernel = Kernel::new("mla_combine", "mla", "mla_combine");
 pub const MLA_LOGITS: Kernel = Kernel::new("mla_logits", "mla", "mla_logits");
 pub const RMS_NORM: Kernel = Kernel::new("dsa_rms_norm", "dsa_misc", "rms_norm");
@@ -64,6 +72,8 @@ pub const CACHE_WRITE: Kernel = Kernel::new("dsa_cache_write", "dsa_misc", "cach
 pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_K31,
     INDEX_SCORES_4X32,
+    INDEX_SCORES_COOP,
+    INDEX_SCORES_COOP_F16,
     TOPK_HIST,
     TOPK_HIST2,
     TOPK_HIST3,
@@ -71,6 +81,7 @@ pub const KERNELS: &[Kernel] = &[
     TOPK_RANK,
     MLA_ABSORB,
     MLA_ATTEND,
+    MLA_ATTEND_GROUPED,
     MLA_COMBINE,
     MLA_LOGITS,
     RMS_NORM,
@@ -364,6 +375,27 @@ impl PagedRows {
     }
 }
 
+/// Which indexer kernel runs (the benches and tests pick one; the layer uses `Auto`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexVariant {
+    /// Coop (q split) where [`coop_indexer_available`], SIMT otherwise.
+    Auto,
+    /// f32 SIMT (indexer.wgsl): every adapter, every supported shape.
+    Simt,
+    /// Cooperative matrices, q = hi + lo in f16 (dsa_index_coop.wgsl).
+    Coop,
+    /// Cooperative matrices, q rounded to f16.
+    CoopF16,
+}
+
+/// Workgroups of the coop indexer per query (grid-strided over the tiles of 64 positions).
+const INDEX_COOP_GROUPS: usize = 1024;
+
+/// The coop indexer exists for 32 heads x 128 only and assumes 32-wide subgroups (8 per workgroup).
+pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool {
+    gpu.caps.coopmat && gpu.caps.subgroup_min == 32 && gpu.caps.subgroup_max == 32 && heads == 32 && head_dim == 128
+}
+
 /// Indexer scores for `n_queries` queries at positions `q_pos0..`: scores[t, s] for
 /// s < n_pos (-inf beyond q_pos0 + t). q: [T, IH, ID] f32; w: [T, IH] f32 (raw weights_proj
 /// output, scaled here by IH^-1/2 ID^-1/2); scores: [T, row_stride] f32.
@@ -382,8 +414,39 @@ pub fn index_scores(
     row_stride: usize,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    index_scores_variant(gpu, enc, IndexVariant::Auto, keys, heads, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
+}
+
+/// [`index_scores`] with an explicit kernel choice.
+#[allow(clippy::too_many_arguments)]
+pub fn index_scores_variant(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    variant: IndexVariant,
+    keys: &PagedRows,
+    heads: usize,
+    q: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    scores: &wgpu::Buffer,
+    n_queries: usize,
+    q_pos0: usize,
+    n_pos: usize,
+    row_stride: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
     let id = keys.width;
-    let kernel = index_kernel(heads, id)?;
+    let coop_ok = coop_indexer_available(gpu, heads, id);
+    let kernel = match variant {
+        IndexVariant::Auto if coop_ok => INDEX_SCORES_COOP,
+        IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
+        IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
+            return Err(shape_err(format!(
+                "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128)"
+            )))
+        }
+        IndexVariant::Coop => INDEX_SCORES_COOP,
+        IndexVariant::CoopF16 => INDEX_SCORES_COOP_F16,
+    };
     if n_pos > keys.capacity() || n_pos > row_stride || n_queries == 0 {
         return Err(shape_err(format!(
             "index_scores: {n_pos} positions with {} cached, row stride {row_stride}, {n_queries} queries",
@@ -407,7 +470,11 @@ pub fn index_scores(
     let slots = keys.slots();
     let mut entries = vec![(0, &u), (1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
-    let groups = [n_pos.div_ceil(64) as u32, n_queries as u32, 1];
+    let groups = if kernel.needs_coopmat {
+        [n_pos.div_ceil(64).clamp(1, INDEX_COOP_GROUPS) as u32, n_queries as u32, 1]
+    } else {
+        [n_pos.div_ceil(64) as u32, n_queries as u32, 1]
+    };
     check_groups(gpu, "index_scores", groups)?;
     run(gpu, enc, &kernel, &entries, groups, profiler)
 }
@@ -613,6 +680,18 @@ pub fn partial_bytes(dims: &MlaDims, n_queries: usize, splits: usize) -> usize {
     n_queries * dims.heads * splits * (dims.latent + 2) * 4
 }
 
+/// Which attention kernel [`mla_attention`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaVariant {
+    /// One workgroup per (split, head): every selected row staged once per head.
+    PerHead,
+    /// One workgroup per (split, 8 heads): each row staged once per 8 heads (the default).
+    Grouped,
+}
+
+/// Heads per workgroup of `mla_attend_grouped` (mla.wgsl HG).
+const MLA_HG: usize = 8;
+
 /// Sparse (sel = Some: [T, k] i32, -1 padded) or dense (sel = None: all s <= q_pos0 + t)
 /// attention of qa over the latent cache, then the merge with W_UV and the optional gate:
 /// o [T, H*Dv] f32, lse [T, H] f32 (log-sum-exp of the scaled logits). gate: [T, H*Dv] raw.
@@ -620,6 +699,28 @@ pub fn partial_bytes(dims: &MlaDims, n_queries: usize, splits: usize) -> usize {
 pub fn mla_attention(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
+    dims: &MlaDims,
+    cache: &PagedRows,
+    qa: &wgpu::Buffer,
+    sel: Option<(&wgpu::Buffer, usize)>,
+    kv_b: &GpuTensor,
+    gate: Option<&wgpu::Buffer>,
+    part: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    lse: &wgpu::Buffer,
+    n_queries: usize,
+    q_pos0: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    mla_attention_variant(gpu, enc, MlaVariant::Grouped, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler)
+}
+
+/// [`mla_attention`] with an explicit attention kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_attention_variant(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    variant: MlaVariant,
     dims: &MlaDims,
     cache: &PagedRows,
     qa: &wgpu::Buffer,
@@ -673,9 +774,13 @@ pub fn mla_attention(
     let slots = cache.slots();
     let mut entries = vec![(0, &u), (3, qa), (4, sel_buf), (5, part)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (6 + i as u32, *b)));
-    let groups = [splits as u32, dims.heads as u32, n_queries as u32];
+    let (kernel, head_groups) = match variant {
+        MlaVariant::PerHead => (MLA_ATTEND, dims.heads),
+        MlaVariant::Grouped => (MLA_ATTEND_GROUPED, dims.heads.div_ceil(MLA_HG)),
+    };
+    let groups = [splits as u32, head_groups as u32, n_queries as u32];
     check_groups(gpu, "mla_attend", groups)?;
-    run(gpu, enc, &MLA_ATTEND, &entries, groups, profiler.as_deref_mut())?;
+    run(gpu, enc, &kernel, &entries, groups, profiler.as_deref_mut())?;
     let entries = [(0, &u), (2, wkv), (5, part), (22, gate.unwrap_or(dummy)), (23, o), (24, lse)];
     run(gpu, enc, &MLA_COMBINE, &entries, [dims.heads as u32, n_queries as u32, 1], profiler)
 }
