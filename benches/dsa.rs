@@ -151,6 +151,18 @@ fn main() -> anyhow::Result<()> {
                 let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::index_scores_variant(&gpu, enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, prof))?;
                 out.push((format!("indexer {label}, S={s}"), t, key_bytes));
             }
+            // Grid of the coop indexer (workgroups per query; the default is 528 = 4 per H200 SM).
+            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= 131072 {
+                let tmp = gpu.storage("scores grid", (s * 4) as u64);
+                for groups in [132, 264, 1056, 2112] {
+                    let prev = dsa::set_index_coop_groups(groups);
+                    let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                        dsa::index_scores_variant(&gpu, enc, IndexVariant::Coop, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                    })?;
+                    dsa::set_index_coop_groups(prev);
+                    out.push((format!("indexer coop (q hi+lo f16), {groups} workgroups, S={s}"), t, key_bytes));
+                }
+            }
             // The cliff lead: the same SIMT scan over one unpaged allocation.
             if s >= 131072 {
                 let mut one = PagedRows::new(&gpu, "keys one page", ID, s.next_power_of_two(), s)?;

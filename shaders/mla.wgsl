@@ -436,6 +436,7 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
 @group(0) @binding(24) var<storage, read_write> lse: array<f32>;
 
 var<workgroup> ob: array<f32, 512>;
+var<workgroup> pr: array<f32, 4224>; // 128 rows x 33 partials
 var<workgroup> msum: array<f32, 2>;
 
 @compute @workgroup_size(256)
@@ -468,19 +469,37 @@ fn mla_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         ob[c] = v * inv;
     }
     workgroupBarrier();
-    for (var v = lid; v < p.v_dim; v += WG) {
-        let row = h * (p.nope + p.v_dim) + p.nope + v;
-        let w0 = row * p.latent / 2u;
-        var acc = 0.0;
-        for (var c = 0u; c < p.latent / 2u; c++) {
-            let x = wkv[w0 + c];
-            acc += lo(x) * ob[2u * c] + hi(x) * ob[2u * c + 1u];
+    // o = W_UV,h obar: 32 threads per W_UV row (coalesced row reads), 128 rows per round; the
+    // 32 partials of row v land in pr[v * 33 ..] and thread v adds them.
+    let lane = lid % 32u;
+    let words = p.latent / 2u;
+    for (var v0 = 0u; v0 < p.v_dim; v0 += 128u) {
+        for (var vl = lid / 32u; vl < 128u; vl += WG / 32u) {
+            let v = v0 + vl;
+            var acc = 0.0;
+            if (v < p.v_dim) {
+                let w0 = (h * (p.nope + p.v_dim) + p.nope + v) * words;
+                for (var c = lane; c < words; c += 32u) {
+                    let x = wkv[w0 + c];
+                    acc += lo(x) * ob[2u * c] + hi(x) * ob[2u * c + 1u];
+                }
+            }
+            pr[vl * 33u + lane] = acc;
         }
-        let oi = (t * p.n_heads + h) * p.v_dim + v;
-        if (p.has_gate != 0u) {
-            acc *= 1.0 / (1.0 + exp(-gate[oi]));
+        workgroupBarrier();
+        let v = v0 + lid;
+        if (lid < 128u && v < p.v_dim) {
+            var acc = 0.0;
+            for (var j = 0u; j < 32u; j++) {
+                acc += pr[lid * 33u + j];
+            }
+            let oi = (t * p.n_heads + h) * p.v_dim + v;
+            if (p.has_gate != 0u) {
+                acc *= 1.0 / (1.0 + exp(-gate[oi]));
+            }
+            o[oi] = acc;
         }
-        o[oi] = acc;
+        workgroupBarrier();
     }
     if (lid == 0u) {
         lse[t * p.n_heads + h] = mx + log(total);

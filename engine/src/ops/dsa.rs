@@ -388,8 +388,14 @@ pub enum IndexVariant {
     CoopF16,
 }
 
-/// Workgroups of the coop indexer per query (grid-strided over the tiles of 64 positions).
-const INDEX_COOP_GROUPS: usize = 1024;
+/// Workgroups of the coop indexer per query (grid-strided over the tiles of 64 positions);
+/// [`set_index_coop_groups`] changes it (benchmarks).
+static INDEX_COOP_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(528);
+
+/// Sets the coop indexer's workgroups per query (at least 1); returns the previous value.
+pub fn set_index_coop_groups(n: usize) -> usize {
+    INDEX_COOP_GROUPS.swap(n.max(1), std::sync::atomic::Ordering::Relaxed)
+}
 
 /// The coop indexer exists for 32 heads x 128 only and assumes 32-wide subgroups (8 per workgroup).
 pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool {
@@ -471,7 +477,8 @@ pub fn index_scores_variant(
     let mut entries = vec![(0, &u), (1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
     let groups = if kernel.needs_coopmat {
-        [n_pos.div_ceil(64).clamp(1, INDEX_COOP_GROUPS) as u32, n_queries as u32, 1]
+        let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
+        [n_pos.div_ceil(64).clamp(1, cap) as u32, n_queries as u32, 1]
     } else {
         [n_pos.div_ceil(64) as u32, n_queries as u32, 1]
     };
@@ -672,7 +679,7 @@ pub fn mla_absorb(
 
 /// Splits of the selection per (query, head) for the attention pass.
 pub fn attend_splits(n_sel: usize) -> usize {
-    n_sel.div_ceil(128).clamp(1, 32)
+    n_sel.div_ceil(64).clamp(1, 32)
 }
 
 /// Bytes of the partial-result buffer [T, H, splits, R+2] f32.
