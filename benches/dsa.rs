@@ -8,7 +8,9 @@
 use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
 use k31_engine::gpu::{Gpu, GpuTensor};
 use k31_engine::layout::DType;
-use k31_engine::ops::dsa::{self, MlaDims, PagedRows, TopkScratch};
+use k31_engine::ops::dsa::{self, IndexVariant, MlaDims, PagedRows, TopkScratch};
+use k31_engine::reference::dsa as refdsa;
+use k31_engine::wgpu;
 
 const IH: usize = 32;
 const ID: usize = 128;
@@ -25,6 +27,45 @@ fn random(seed: u64, n: usize) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
+}
+
+/// Compares a GPU top-k (sel read back) with the CPU reference on the same scores: "exact" or
+/// the first differences (the rule is exact, order included: score desc, position asc).
+fn check_topk(gpu: &Gpu, scores: &wgpu::Buffer, n: usize, sel: &wgpu::Buffer, k: usize) -> anyhow::Result<String> {
+    let v: Vec<f32> = gpu.read(scores, n)?;
+    let got: Vec<i32> = gpu.read(sel, k)?;
+    let row: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+    let want = refdsa::topk(&row, n, k);
+    let bad = (0..k).filter(|&i| want.get(i).map_or(-1, |&w| w as i32) != got[i]).count();
+    Ok(if bad == 0 { "exact".into() } else { format!("MISMATCH at {bad} of {k} ranks") })
+}
+
+/// Scores `b` against the reference `a` (both [n] f32): max |b - a| / max |a|, and with `sel_b`
+/// (b's top-k) whether the top-k of `a` selects the same set.
+fn compare_scores(gpu: &Gpu, a: &wgpu::Buffer, b: &wgpu::Buffer, n: usize, sel_b: Option<&[i32]>, k: usize) -> anyhow::Result<String> {
+    let va: Vec<f32> = gpu.read(a, n)?;
+    let vb: Vec<f32> = gpu.read(b, n)?;
+    let scale = va.iter().filter(|x| x.is_finite()).fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+    let err = va.iter().zip(&vb).filter(|(x, _)| x.is_finite()).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale;
+    let mut text = format!("max err / max |score| = {err:.2e}");
+    if let Some(sb) = sel_b {
+        let row: Vec<f64> = va.iter().map(|&x| x as f64).collect();
+        let want: std::collections::BTreeSet<i32> = refdsa::topk(&row, n, k).iter().map(|&x| x as i32).collect();
+        let got: std::collections::BTreeSet<i32> = sb.iter().copied().filter(|&x| x >= 0).collect();
+        let diff = want.symmetric_difference(&got).count() / 2;
+        text += &format!(", top-{k} sets differ in {diff} positions");
+    }
+    Ok(text)
+}
+
+thread_local! {
+    /// Correctness checks run inside the bench (printed and saved with --json).
+    static CHECKS: std::cell::RefCell<Vec<(String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn report_check(name: String, result: String) {
+    println!("  check {name}: {result}");
+    CHECKS.with(|c| c.borrow_mut().push((name, result)));
 }
 
 const TORCH: &str = r#"
@@ -92,15 +133,61 @@ fn main() -> anyhow::Result<()> {
             let q = gpu.storage_from("q", &random(1, IH * ID));
             let w = gpu.storage_from("w", &random(2, IH));
             let scores = gpu.storage("scores", (s * 4) as u64);
-            let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::index_scores(&gpu, enc, &keys, IH, &q, &w, &scores, 1, s - 1, s, s, prof))?;
-            out.push((format!("indexer scan 32x128 bf16 keys, S={s}"), t, (s * ID * 2) as f64));
-            drop(keys);
             let k = TOPK.min(s);
+            let key_bytes = (s * ID * 2) as f64;
+            // Every indexer variant; the SIMT one last, so `scores` holds its output.
+            let mut variants = vec![];
+            if dsa::coop_indexer_available(&gpu, IH, ID) {
+                variants.push((IndexVariant::Coop, "coop (q hi+lo f16)"));
+                variants.push((IndexVariant::CoopF16, "coop (q f16)"));
+            } else {
+                println!("  (no cooperative-matrix indexer on this adapter: coop rows skipped)");
+            }
+            variants.push((IndexVariant::Simt, "SIMT f32"));
+            let outs: Vec<(IndexVariant, &str, wgpu::Buffer)> =
+                variants.iter().map(|&(v, label)| (v, label, gpu.storage("scores of a variant", (s * 4) as u64))).collect();
+            for (v, label, dst) in &outs {
+                let dst = if *v == IndexVariant::Simt { &scores } else { dst };
+                let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::index_scores_variant(&gpu, enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, prof))?;
+                out.push((format!("indexer {label}, S={s}"), t, key_bytes));
+            }
+            // Grid of the coop indexer (workgroups per query; the default is 528 = 4 per H200 SM).
+            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= 131072 {
+                let tmp = gpu.storage("scores grid", (s * 4) as u64);
+                for groups in [132, 264, 1056, 2112] {
+                    let prev = dsa::set_index_coop_groups(groups);
+                    let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                        dsa::index_scores_variant(&gpu, enc, IndexVariant::Coop, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                    })?;
+                    dsa::set_index_coop_groups(prev);
+                    out.push((format!("indexer coop (q hi+lo f16), {groups} workgroups, S={s}"), t, key_bytes));
+                }
+            }
+            // The cliff lead: the same SIMT scan over one unpaged allocation.
+            if s >= 131072 {
+                let mut one = PagedRows::new(&gpu, "keys one page", ID, s.next_power_of_two(), s)?;
+                one.upload(&gpu, &random(s as u64, s * ID))?;
+                let tmp = gpu.storage("scores one page", (s * 4) as u64);
+                let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                    dsa::index_scores_variant(&gpu, enc, IndexVariant::Simt, &one, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                })?;
+                out.push((format!("indexer SIMT f32, one page, S={s}"), t, key_bytes));
+                report_check(format!("indexer one page == paged, S={s}"), compare_scores(&gpu, &scores, &tmp, s, None, 0)?);
+            }
+            drop(keys);
             let scratch = TopkScratch::new(&gpu, 1, s, k)?;
             let sel = gpu.storage("sel", (k * 4) as u64);
             let sel_s = gpu.storage("sel scores", (k * 4) as u64);
+            for (_, label, dst) in outs.iter().filter(|o| o.0 != IndexVariant::Simt) {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                dsa::topk(&gpu, &mut enc, &scratch, dst, s, 1, s - 1, s, &sel, &sel_s, None)?;
+                gpu.queue.submit([enc.finish()]);
+                let a = gpu.read::<i32>(&sel, k)?;
+                report_check(format!("indexer {label} vs SIMT, S={s}"), compare_scores(&gpu, &scores, dst, s, Some(&a), k)?);
+            }
             let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, prof))?;
             out.push((format!("top-{k} of indexer scores, S={s}"), t, (s * 4) as f64));
+            report_check(format!("top-{k} S={s} vs CPU reference"), check_topk(&gpu, &scores, s, &sel, k)?);
             let mut cache = PagedRows::new(&gpu, "latent", dims.width(), 1024, s)?;
             cache.upload(&gpu, &random(s as u64 + 1, s * dims.width()))?;
             let qa = gpu.storage_from("qa", &random(3, dims.heads * dims.width()));
@@ -108,10 +195,30 @@ fn main() -> anyhow::Result<()> {
             let part = gpu.storage("part", dsa::partial_bytes(&dims, 1, dsa::attend_splits(k)) as u64);
             let o = gpu.storage("o", (dims.heads * dims.v_dim * 4) as u64);
             let lse = gpu.storage("lse", (dims.heads * 4) as u64);
-            let t = time_gpu(&gpu, 5, 30, |enc, prof| {
-                dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
-            })?;
-            out.push((format!("sparse MLA 96 heads, {k} rows of 576, S={s}"), t, (k * dims.width() * 2) as f64));
+            let o_ref = gpu.storage("o per-head", (dims.heads * dims.v_dim * 4) as u64);
+            let lse_ref = gpu.storage("lse per-head", (dims.heads * 4) as u64);
+            for (v, label) in [(dsa::MlaVariant::PerHead, "per head"), (dsa::MlaVariant::Grouped, "8 heads per workgroup")] {
+                let (ob, lb) = if v == dsa::MlaVariant::PerHead { (&o_ref, &lse_ref) } else { (&o, &lse) };
+                let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                    dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, ob, lb, 1, s - 1, prof)
+                })?;
+                out.push((format!("sparse MLA {label}, {k} rows of 576, S={s}"), t, (k * dims.width() * 2) as f64));
+            }
+            let err = |a: &wgpu::Buffer, b: &wgpu::Buffer, n: usize| -> anyhow::Result<f64> {
+                let x: Vec<f32> = gpu.read(a, n)?;
+                let y: Vec<f32> = gpu.read(b, n)?;
+                let num: f64 = x.iter().zip(&y).map(|(&p, &q)| (p as f64 - q as f64).powi(2)).sum();
+                let den: f64 = x.iter().map(|&p| (p as f64).powi(2)).sum();
+                Ok((num / den.max(1e-300)).sqrt())
+            };
+            report_check(
+                format!("sparse MLA grouped vs per head, S={s}"),
+                format!(
+                    "o rel L2 {:.2e}, lse rel L2 {:.2e}",
+                    err(&o_ref, &o, dims.heads * dims.v_dim)?,
+                    err(&lse_ref, &lse, dims.heads)?
+                ),
+            );
             Ok(out)
         };
         match run() {
@@ -127,6 +234,21 @@ fn main() -> anyhow::Result<()> {
     let sel_s = gpu.storage("sel scores", (TOPK * 4) as u64);
     let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
     push(&mut rows, format!("top-2048 of {n} random scores"), t, (n * 4) as f64);
+    report_check(format!("top-2048 of {n} random vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
+    // Worst case for the tie rule: scores on 129 levels, the 2048th tied with ~2300 others
+    // spread over the whole row.
+    let tied: Vec<f32> = random(10, n).iter().map(|x| (x * 64.0).round()).collect();
+    let scores = gpu.storage_from("tied scores", &tied);
+    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    push(&mut rows, format!("top-2048 of {n} scores, ties at the k-th"), t, (n * 4) as f64);
+    report_check(format!("top-2048 of {n} tied vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
+    // 1M random scores (the largest context).
+    let n = if quick { 1 << 16 } else { 1 << 20 };
+    let scores = gpu.storage_from("scores 1M", &random(11, n));
+    let scratch = TopkScratch::new(&gpu, 1, n, TOPK)?;
+    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    push(&mut rows, format!("top-2048 of {n} random scores"), t, (n * 4) as f64);
+    report_check(format!("top-2048 of {n} random vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
     let mut torch_json = serde_json::Value::Null;
     if torch {
         let path = std::env::temp_dir().join("k31_dsa_torch.py");
@@ -140,7 +262,9 @@ fn main() -> anyhow::Result<()> {
         torch_json = serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::Null);
     }
     if let Some(path) = json_out {
-        let doc = serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows, "torch": torch_json});
+        let checks: Vec<serde_json::Value> =
+            CHECKS.with(|c| c.borrow().iter().map(|(n, r)| serde_json::json!({"check": n, "result": r})).collect());
+        let doc = serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows, "checks": checks, "torch": torch_json});
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
     }
     Ok(())

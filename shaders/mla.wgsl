@@ -1,6 +1,7 @@
 // Sparse absorbed MLA attention (spec 5.4) over the paged latent cache.
 //
 //   mla_absorb   qa[t,h] = scale * [ W_UK,h^T q_nope[t,h] | q_pe[t,h] ]          [T, H, R+E]
+//   mla_attend_grouped  as mla_attend for 8 heads per workgroup (each row staged once per 8 heads)
 //   mla_attend   per (t, h, split): online softmax of qa[t,h] . row_s over its share of the
 //                selected rows (or all s <= q_pos0 + t when dense), partial (m, l, sum p*c[0..R])
 //   mla_combine  per (t, h): merge the splits, o = W_UV,h obar, optional sigmoid gate, lse
@@ -245,11 +246,197 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     }
 }
 
+// mla_attend_grouped: the same partials as mla_attend, but one workgroup serves HG heads of a
+// query, so each selected row is staged in workgroup memory once per HG heads (not once per
+// head): grid (splits, ceil(H / HG), T). Per block of 16 rows, thread (half, head, row) forms half
+// of one logit; 8 threads run the online softmax of the block (one per head); then every thread
+// owning latent word lid accumulates p * c for all HG heads (vec2 accumulators in registers).
+const HG: u32 = 8u;
+const QW: u32 = 288u;      // q words per head in qg (>= (R + E) / 2)
+const RSTRIDE: u32 = 289u; // staged row stride in words (odd: rows fall in different banks)
+
+var<workgroup> rows_g: array<u32, 4624>;   // BLOCK x RSTRIDE
+var<workgroup> qg: array<vec2<f32>, 2304>; // HG x QW
+var<workgroup> lgb: array<f32, 256>;       // half-dot partials [half][head][row]
+var<workgroup> pv: array<f32, 128>;        // p [head][row] of the block
+var<workgroup> hm: array<f32, HG>;         // running max per head
+var<workgroup> hl: array<f32, HG>;         // running sum per head
+var<workgroup> hc: array<f32, HG>;         // this block's rescale per head
+
+fn pacc(a: vec2<f32>, h: u32, r: u32, x: vec2<f32>) -> vec2<f32> {
+    return a + pv[h * BLOCK + r] * x;
+}
+
+@compute @workgroup_size(256)
+fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let split = wg.x;
+    let h0 = wg.y * HG;
+    let t = wg.z;
+    let width = p.latent + p.rope;
+    let words = width / 2u;
+    let ninf = bitcast<f32>(0xff800000u);
+    for (var i = lid; i < HG * words; i += WG) {
+        let hh = i / words;
+        let w = i - hh * words;
+        var v = vec2<f32>(0.0);
+        if (h0 + hh < p.n_heads) {
+            let qb = (t * p.n_heads + h0 + hh) * width + 2u * w;
+            v = vec2<f32>(qa[qb], qa[qb + 1u]);
+        }
+        qg[hh * QW + w] = v;
+    }
+    if (lid < HG) {
+        hm[lid] = ninf;
+        hl[lid] = 0.0;
+    }
+    let n_sel = n_selected(t);
+    let per = (n_sel + p.splits - 1u) / p.splits;
+    let r0 = min(n_sel, split * per);
+    let r1 = min(n_sel, r0 + per);
+    let lr = lid % BLOCK;
+    let lh = (lid / BLOCK) % HG;
+    let half = lid / (BLOCK * HG);
+    let hw = words / 2u;
+    let owned = lid < p.latent / 2u;
+    var a0 = vec2<f32>(0.0);
+    var a1 = vec2<f32>(0.0);
+    var a2 = vec2<f32>(0.0);
+    var a3 = vec2<f32>(0.0);
+    var a4 = vec2<f32>(0.0);
+    var a5 = vec2<f32>(0.0);
+    var a6 = vec2<f32>(0.0);
+    var a7 = vec2<f32>(0.0);
+    for (var b = r0; b < r1; b += BLOCK) {
+        if (lid < BLOCK) {
+            let idx = b + lid;
+            var pos = NONE;
+            if (idx < r1) {
+                if (p.dense != 0u) {
+                    pos = idx;
+                } else {
+                    let s = sel[t * p.k + idx];
+                    pos = select(NONE, u32(s), s >= 0);
+                }
+            }
+            if (pos == NONE) {
+                rpage[lid] = NONE;
+                rbase[lid] = 0u;
+            } else {
+                let at = locate(pos);
+                rpage[lid] = at.x;
+                rbase[lid] = at.y * words;
+            }
+        }
+        workgroupBarrier();
+        for (var i = lid; i < BLOCK * words; i += WG) {
+            let rr = i / words;
+            let w = i - rr * words;
+            let pg = rpage[rr];
+            var x = 0u;
+            if (pg != NONE) {
+                x = page_word(pg, rbase[rr] + w);
+            }
+            rows_g[rr * RSTRIDE + w] = x;
+        }
+        workgroupBarrier();
+        var d = 0.0;
+        let rb = lr * RSTRIDE;
+        let qb = lh * QW;
+        for (var w = half * hw; w < half * hw + hw; w++) {
+            let x = rows_g[rb + w];
+            let qv = qg[qb + w];
+            d += lo(x) * qv.x + hi(x) * qv.y;
+        }
+        lgb[lid] = d;
+        workgroupBarrier();
+        if (lid < HG) {
+            var mb = ninf;
+            for (var r = 0u; r < BLOCK; r++) {
+                let v = select(ninf, lgb[lid * BLOCK + r] + lgb[BLOCK * HG + lid * BLOCK + r], rpage[r] != NONE);
+                pv[lid * BLOCK + r] = v;
+                mb = max(mb, v);
+            }
+            let mo = hm[lid];
+            let mn = max(mo, mb);
+            var corr = 1.0;
+            var sum = 0.0;
+            if (mn > ninf) {
+                corr = exp(mo - mn);
+                for (var r = 0u; r < BLOCK; r++) {
+                    let e = exp(pv[lid * BLOCK + r] - mn);
+                    pv[lid * BLOCK + r] = e;
+                    sum += e;
+                }
+            } else {
+                for (var r = 0u; r < BLOCK; r++) {
+                    pv[lid * BLOCK + r] = 0.0;
+                }
+            }
+            hl[lid] = hl[lid] * corr + sum;
+            hm[lid] = mn;
+            hc[lid] = corr;
+        }
+        workgroupBarrier();
+        if (owned) {
+            a0 *= hc[0];
+            a1 *= hc[1];
+            a2 *= hc[2];
+            a3 *= hc[3];
+            a4 *= hc[4];
+            a5 *= hc[5];
+            a6 *= hc[6];
+            a7 *= hc[7];
+            for (var r = 0u; r < BLOCK; r++) {
+                let xw = rows_g[r * RSTRIDE + lid];
+                let x = vec2<f32>(lo(xw), hi(xw));
+                a0 = pacc(a0, 0u, r, x);
+                a1 = pacc(a1, 1u, r, x);
+                a2 = pacc(a2, 2u, r, x);
+                a3 = pacc(a3, 3u, r, x);
+                a4 = pacc(a4, 4u, r, x);
+                a5 = pacc(a5, 5u, r, x);
+                a6 = pacc(a6, 6u, r, x);
+                a7 = pacc(a7, 7u, r, x);
+            }
+        }
+        workgroupBarrier();
+    }
+    workgroupBarrier();
+    let stride = p.latent + 2u;
+    for (var hh = 0u; hh < HG; hh++) {
+        let h = h0 + hh;
+        if (h >= p.n_heads) {
+            break;
+        }
+        let out = ((t * p.n_heads + h) * p.splits + split) * stride;
+        if (lid == 0u) {
+            part[out] = hm[hh];
+            part[out + 1u] = hl[hh];
+        }
+        if (owned) {
+            var a = a0;
+            switch hh {
+                case 1u: { a = a1; }
+                case 2u: { a = a2; }
+                case 3u: { a = a3; }
+                case 4u: { a = a4; }
+                case 5u: { a = a5; }
+                case 6u: { a = a6; }
+                case 7u: { a = a7; }
+                default: {}
+            }
+            part[out + 2u + 2u * lid] = a.x;
+            part[out + 3u + 2u * lid] = a.y;
+        }
+    }
+}
+
 @group(0) @binding(22) var<storage, read> gate: array<f32>;
 @group(0) @binding(23) var<storage, read_write> o: array<f32>;
 @group(0) @binding(24) var<storage, read_write> lse: array<f32>;
 
 var<workgroup> ob: array<f32, 512>;
+var<workgroup> pr: array<f32, 4224>; // 128 rows x 33 partials
 var<workgroup> msum: array<f32, 2>;
 
 @compute @workgroup_size(256)
@@ -282,19 +469,37 @@ fn mla_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         ob[c] = v * inv;
     }
     workgroupBarrier();
-    for (var v = lid; v < p.v_dim; v += WG) {
-        let row = h * (p.nope + p.v_dim) + p.nope + v;
-        let w0 = row * p.latent / 2u;
-        var acc = 0.0;
-        for (var c = 0u; c < p.latent / 2u; c++) {
-            let x = wkv[w0 + c];
-            acc += lo(x) * ob[2u * c] + hi(x) * ob[2u * c + 1u];
+    // o = W_UV,h obar: 32 threads per W_UV row (coalesced row reads), 128 rows per round; the
+    // 32 partials of row v land in pr[v * 33 ..] and thread v adds them.
+    let lane = lid % 32u;
+    let words = p.latent / 2u;
+    for (var v0 = 0u; v0 < p.v_dim; v0 += 128u) {
+        for (var vl = lid / 32u; vl < 128u; vl += WG / 32u) {
+            let v = v0 + vl;
+            var acc = 0.0;
+            if (v < p.v_dim) {
+                let w0 = (h * (p.nope + p.v_dim) + p.nope + v) * words;
+                for (var c = lane; c < words; c += 32u) {
+                    let x = wkv[w0 + c];
+                    acc += lo(x) * ob[2u * c] + hi(x) * ob[2u * c + 1u];
+                }
+            }
+            pr[vl * 33u + lane] = acc;
         }
-        let oi = (t * p.n_heads + h) * p.v_dim + v;
-        if (p.has_gate != 0u) {
-            acc *= 1.0 / (1.0 + exp(-gate[oi]));
+        workgroupBarrier();
+        let v = v0 + lid;
+        if (lid < 128u && v < p.v_dim) {
+            var acc = 0.0;
+            for (var j = 0u; j < 32u; j++) {
+                acc += pr[lid * 33u + j];
+            }
+            let oi = (t * p.n_heads + h) * p.v_dim + v;
+            if (p.has_gate != 0u) {
+                acc *= 1.0 / (1.0 + exp(-gate[oi]));
+            }
+            o[oi] = acc;
         }
-        o[oi] = acc;
+        workgroupBarrier();
     }
     if (lid == 0u) {
         lse[t * p.n_heads + h] = mx + log(total);

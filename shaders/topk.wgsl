@@ -2,17 +2,30 @@
 // the valid prefix [0, valid) with valid = min(pos0 + r + 1, row_len), ordered by score
 // descending then position ascending; all valid positions when valid <= k.
 //
-// A radix select in three dispatches (one compute pass):
-//   topk_hist   many workgroups per row: histogram of the top 12 bits of the order-preserving
-//               score key, added into hist[row] (4096 bins)
-//   topk_filter many workgroups per row: find the boundary bin b*; positions above it are
-//               selected (def list), positions in it are candidates (cand list)
-//   topk_final  one workgroup per row: radix select among the candidates on the remaining 20
-//               score bits then on ~position (so ties keep the smaller position), gather, bitonic
-//               sort, write sel/sel_score; clears hist and state for the next call.
-// Preconditions (host): 1 <= k <= 2048; scores [n_rows, row_stride]; hist [n_rows, 4096] and
-// state [n_rows, 4] zero before the first call; def [n_rows, k]; cand [n_rows, row_len];
-// sel and sel_score [n_rows, k].
+// Exact radix select on the order-preserving u32 key of each score, digits 12 | 12 | 8 bits,
+// every pass spread over many workgroups (CHUNK positions each), five dispatches in one pass:
+//   topk_hist     histogram of digit 1 (workgroup atomics, then the global row histogram);
+//                 the LAST workgroup of the row to finish (a done counter) finds bin b1 that
+//                 holds the k-th key and how many keys it still needs from it.
+//   topk_hist2    keys above b1 go to the row's selection list; keys in b1: histogram of digit
+//                 2; last workgroup finds b2.
+//   topk_hist3    keys in b1 and above b2 go to the list; keys with prefix (b1, b2): histogram
+//                 of digit 3, kept per workgroup too; last workgroup finds b3, so the k-th key
+//                 K* is exact, and the number of ties at K* to take. When only some of the
+//                 ties are taken it turns the per-workgroup tie counts into prefix counts.
+//   topk_collect  keys with prefix (b1, b2) above b3 go to the list, plus the ties at K* of the
+//                 smallest positions (per-workgroup prefix + in-workgroup scan over positions).
+//                 Rows with valid <= k put every valid position in the list here.
+//   topk_rank     the list (exactly min(k, valid) entries, unordered) is ranked by counting:
+//                 rank(e) = #{ j : key_j > key_e or (key_j == key_e and pos_j < pos_e) };
+//                 writes sel / sel_score in that order, -1 / -inf padded.
+// Every pass re-reads the row (L2-resident after the first); the "last workgroup" steps avoid
+// separate tiny dispatches; no workgroup ever waits for another (no spin locks), so it is
+// correct on any adapter whatever the scheduling.
+// Scratch (host): hist [n_rows, HSTRIDE], state [n_rows, 16], wgd [n_rows, nwg * 257] with
+// nwg = ceil(row_len / CHUNK), list [n_rows, 2k]; hist and state zero before the first call,
+// and the kernels leave them zero (each row histogram is cleared by the pass after its use,
+// each done counter by the workgroup that saw it full). 1 <= k <= 2048.
 
 struct TopkParams {
     n_rows: u32,
@@ -26,32 +39,47 @@ struct TopkParams {
 }
 
 const WG: u32 = 256u;
-const ITEMS: u32 = 16u;
-const CHUNK: u32 = 4096u; // WG * ITEMS elements per workgroup
+const ITEMS: u32 = 8u;
+const CHUNK: u32 = 2048u; // WG * ITEMS positions per workgroup
 const BINS: u32 = 4096u;
+const BINS3: u32 = 256u;
+const HSTRIDE: u32 = 8448u; // per row: digit-1 bins [0, 4096), digit-2 [4096, 8192), digit-3 [8192, 8448)
 const KMAX: u32 = 2048u;
-override FWG: u32 = 256u;
+const RANK_E: u32 = 32u; // entries ranked per workgroup in topk_rank
+const RANK_SEGS: u32 = 8u; // WG / RANK_E threads per entry, each counting over a segment
+
+// state words per row
+const ST: u32 = 16u;
+const S_DONE1: u32 = 0u;
+const S_DONE2: u32 = 1u;
+const S_DONE3: u32 = 2u;
+const S_COUNT: u32 = 3u;
+const S_B1: u32 = 4u;
+const S_NEED1: u32 = 5u;
+const S_B2: u32 = 6u;
+const S_NEED2: u32 = 7u;
+const S_KSTAR: u32 = 8u;
+const S_NEED3: u32 = 9u;
+const S_PARTIAL: u32 = 10u;
 
 @group(0) @binding(0) var<uniform> p: TopkParams;
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
 @group(0) @binding(2) var<storage, read_write> hist: array<atomic<u32>>;
 @group(0) @binding(3) var<storage, read_write> state: array<atomic<u32>>;
-@group(0) @binding(4) var<storage, read_write> def_list: array<u32>;
-@group(0) @binding(5) var<storage, read_write> cand: array<u32>;
+@group(0) @binding(4) var<storage, read_write> wgd: array<atomic<u32>>;
+@group(0) @binding(5) var<storage, read_write> list: array<u32>;
 @group(0) @binding(6) var<storage, read_write> sel: array<i32>;
 @group(0) @binding(7) var<storage, read_write> sel_score: array<f32>;
 
 var<workgroup> lh: array<atomic<u32>, BINS>;
-var<workgroup> sums: array<u32, WG>;
+var<workgroup> scan: array<u32, WG>;
 var<workgroup> ctl: array<u32, 8>;
-var<workgroup> scan: array<u32, 1024>;
 
-// Exclusive prefix sum of v over the n threads of the workgroup (no same-address atomics:
-// those serialise). Returns (exclusive prefix, total). Call from uniform control flow.
-fn wg_scan(lid: u32, v: u32, n: u32) -> vec2<u32> {
+// Exclusive prefix sum of v over the workgroup: (exclusive prefix, total). Uniform control flow.
+fn wg_scan(lid: u32, v: u32) -> vec2<u32> {
     scan[lid] = v;
     workgroupBarrier();
-    for (var off = 1u; off < n; off <<= 1u) {
+    for (var off = 1u; off < WG; off <<= 1u) {
         var x = scan[lid];
         if (lid >= off) {
             x += scan[lid - off];
@@ -61,12 +89,12 @@ fn wg_scan(lid: u32, v: u32, n: u32) -> vec2<u32> {
         workgroupBarrier();
     }
     let incl = scan[lid];
-    let total = scan[n - 1u];
+    let total = scan[WG - 1u];
     workgroupBarrier();
     return vec2<u32>(incl - v, total);
 }
 
-// Order-preserving map of f32 to u32 (larger score -> larger key).
+// Order-preserving map of f32 to u32 (larger score -> larger key; the order of f64 total_cmp).
 fn okey(f: f32) -> u32 {
     let u = bitcast<u32>(f);
     return select(u | 0x80000000u, ~u, (u & 0x80000000u) != 0u);
@@ -80,304 +108,358 @@ fn row_of(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
     return wg.y + wg.z * nwg.y;
 }
 
+fn score_key(row: u32, idx: u32) -> u32 {
+    return okey(scores[row * p.row_stride + idx]);
+}
+
+fn zero_local(n: u32, lid: u32) {
+    for (var b = lid; b < n; b += WG) {
+        atomicStore(&lh[b], 0u);
+    }
+}
+
+// Adds the workgroup histogram lh[0..n) into hist[off..off+n).
+fn flush(off: u32, n: u32, lid: u32) {
+    for (var b = lid; b < n; b += WG) {
+        let v = atomicLoad(&lh[b]);
+        if (v > 0u) {
+            atomicAdd(&hist[off + b], v);
+        }
+    }
+}
+
+fn clear_global(off: u32, n: u32, lid: u32) {
+    for (var b = lid; b < n; b += WG) {
+        atomicStore(&hist[off + b], 0u);
+    }
+}
+
+// Counts this workgroup in at the row's done counter; true in the last of `total` to arrive,
+// which then sees every other workgroup's global atomics (storage barriers are device-scope
+// acquire/release) and resets the counter.
+fn arrive(at: u32, total: u32, lid: u32) -> bool {
+    storageBarrier();
+    if (lid == 0u) {
+        ctl[7] = atomicAdd(&state[at], 1u);
+    }
+    let last = workgroupUniformLoad(&ctl[7]) + 1u == total;
+    if (last) {
+        storageBarrier();
+        if (lid == 0u) {
+            atomicStore(&state[at], 0u);
+        }
+    }
+    return last;
+}
+
+// The bin of hist[off..off+nb) (highest bin first) holding the need-th largest key, and how
+// many keys the selection still takes from it: (bin, need within the bin). nb = 256 or 4096.
+fn find_bin(off: u32, nb: u32, need: u32, lid: u32) -> vec2<u32> {
+    let per = nb / WG;
+    var s = 0u;
+    for (var i = 0u; i < per; i++) {
+        s += atomicLoad(&hist[off + nb - 1u - per * lid - i]);
+    }
+    let sc = wg_scan(lid, s);
+    let above = sc.x;
+    if (above < need && above + s >= need) {
+        var cum = above;
+        for (var i = 0u; i < per; i++) {
+            let b = nb - 1u - per * lid - i;
+            let h = atomicLoad(&hist[off + b]);
+            if (cum + h >= need) {
+                ctl[0] = b;
+                ctl[1] = need - cum;
+                break;
+            }
+            cum += h;
+        }
+    }
+    workgroupBarrier();
+    let r = vec2<u32>(ctl[0], ctl[1]);
+    workgroupBarrier();
+    return r;
+}
+
+// Appends this thread's marked items (bit i of mask: key keys[i] at position pos0 + i * step)
+// to the row's selection list: one scan, one reservation per workgroup.
+fn emit(row: u32, mask: u32, keys: array<u32, ITEMS>, pos0: u32, step: u32, lid: u32) {
+    let n = countOneBits(mask);
+    let sc = wg_scan(lid, n);
+    if (lid == 0u && sc.y > 0u) {
+        ctl[6] = atomicAdd(&state[row * ST + S_COUNT], sc.y);
+    }
+    workgroupBarrier();
+    var o = ctl[6] + sc.x;
+    let lbase = row * p.k * 2u;
+    for (var i = 0u; i < ITEMS; i++) {
+        if ((mask & (1u << i)) != 0u) {
+            if (o < p.k) {
+                list[lbase + 2u * o] = keys[i];
+                list[lbase + 2u * o + 1u] = pos0 + i * step;
+            }
+            o += 1u;
+        }
+    }
+    workgroupBarrier();
+}
+
 @compute @workgroup_size(256)
 fn topk_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = row_of(wg, nwg);
-    let valid = valid_len(row);
-    let base = wg.x * CHUNK;
-    if (row >= p.n_rows || valid <= p.k || base >= valid) {
+    if (row >= p.n_rows) {
         return;
     }
-    for (var b = lid; b < BINS; b += WG) {
-        atomicStore(&lh[b], 0u);
+    if (wg.x == 0u && lid == 0u) {
+        atomicStore(&state[row * ST + S_COUNT], 0u);
     }
+    let valid = valid_len(row);
+    if (valid <= p.k) {
+        return;
+    }
+    let base = wg.x * CHUNK;
+    zero_local(BINS, lid);
     workgroupBarrier();
     for (var i = 0u; i < ITEMS; i++) {
         let idx = base + i * WG + lid;
         if (idx < valid) {
-            atomicAdd(&lh[okey(scores[row * p.row_stride + idx]) >> 20u], 1u);
+            atomicAdd(&lh[score_key(row, idx) >> 20u], 1u);
         }
     }
     workgroupBarrier();
-    for (var b = lid; b < BINS; b += WG) {
-        let v = atomicLoad(&lh[b]);
-        if (v > 0u) {
-            atomicAdd(&hist[row * BINS + b], v);
+    let off = row * HSTRIDE;
+    flush(off, BINS, lid);
+    if (arrive(row * ST + S_DONE1, nwg.x, lid)) {
+        let r = find_bin(off, BINS, p.k, lid);
+        if (lid == 0u) {
+            atomicStore(&state[row * ST + S_B1], r.x);
+            atomicStore(&state[row * ST + S_NEED1], r.y);
         }
     }
 }
 
 @compute @workgroup_size(256)
-fn topk_filter(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn topk_hist2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = row_of(wg, nwg);
-    let valid = valid_len(row);
-    let base = wg.x * CHUNK;
-    if (row >= p.n_rows || base >= valid) {
-        return;
-    }
-    // Boundary bin, scanning from the top: chunk c holds bins 4095-16c-15 ..= 4095-16c.
-    var bstar = 0u;
-    var need = 0u;
-    let all = valid <= p.k;
-    if (!all) {
-        var s = 0u;
-        for (var i = 0u; i < 16u; i++) {
-            s += atomicLoad(&hist[row * BINS + BINS - 1u - 16u * lid - i]);
-        }
-        sums[lid] = s;
-        workgroupBarrier();
-        for (var off = 1u; off < WG; off <<= 1u) {
-            var v = sums[lid];
-            if (lid >= off) {
-                v += sums[lid - off];
-            }
-            workgroupBarrier();
-            sums[lid] = v;
-            workgroupBarrier();
-        }
-        let above = select(0u, sums[lid - 1u], lid > 0u);
-        if (above < p.k && sums[lid] >= p.k) {
-            var cum = above;
-            for (var i = 0u; i < 16u; i++) {
-                let b = BINS - 1u - 16u * lid - i;
-                let h = atomicLoad(&hist[row * BINS + b]);
-                if (cum + h >= p.k) {
-                    ctl[0] = b;
-                    ctl[1] = p.k - cum;
-                    break;
-                }
-                cum += h;
-            }
-        }
-        workgroupBarrier();
-        bstar = ctl[0];
-        need = ctl[1];
-    }
-    if (wg.x == 0u && lid == 0u) {
-        atomicStore(&state[row * 4u + 2u], bstar);
-        atomicStore(&state[row * 4u + 3u], need);
-    }
-    // Kinds: 0 = selected, 1 = candidate; offsets from one scan of packed counts, then one
-    // global reservation per workgroup and list.
-    var kinds: array<u32, ITEMS>;
-    var counts = 0u;
-    for (var i = 0u; i < ITEMS; i++) {
-        let idx = base + i * WG + lid;
-        kinds[i] = 2u;
-        if (idx < valid) {
-            let b = okey(scores[row * p.row_stride + idx]) >> 20u;
-            if (all || b > bstar) {
-                kinds[i] = 0u;
-                counts += 1u;
-            } else if (b == bstar) {
-                kinds[i] = 1u;
-                counts += 1u << 16u;
-            }
-        }
-    }
-    let sc = wg_scan(lid, counts, WG);
-    if (lid < 2u) {
-        let n = (sc.y >> (16u * lid)) & 0xffffu;
-        var at = 0u;
-        if (n > 0u) {
-            at = atomicAdd(&state[row * 4u + lid], n);
-        }
-        ctl[2u + lid] = at;
-    }
-    workgroupBarrier();
-    var o0 = ctl[2] + (sc.x & 0xffffu);
-    var o1 = ctl[3] + (sc.x >> 16u);
-    for (var i = 0u; i < ITEMS; i++) {
-        let idx = base + i * WG + lid;
-        if (kinds[i] == 0u) {
-            def_list[row * p.k + o0] = idx;
-            o0 += 1u;
-        } else if (kinds[i] == 1u) {
-            cand[row * p.row_len + o1] = idx;
-            o1 += 1u;
-        }
-    }
-}
-
-var<workgroup> skey: array<u32, KMAX>;
-var<workgroup> spos: array<u32, KMAX>;
-var<workgroup> h8: array<atomic<u32>, 256>;
-var<workgroup> fctl: array<u32, 8>; // need, mask_hi, val_hi, mask_lo, val_lo, done, n
-
-// Candidate composite key: low 20 score bits, then ~position (smaller position ranks higher).
-fn cand_key(row: u32, pos: u32) -> vec2<u32> {
-    return vec2<u32>(okey(scores[row * p.row_stride + pos]) & 0xfffffu, ~pos);
-}
-
-// Radix digit pass i: (word 0 = score bits / 1 = position bits, shift, width).
-fn pass_of(i: u32) -> vec3<u32> {
-    switch i {
-        case 0u: { return vec3<u32>(0u, 12u, 8u); }
-        case 1u: { return vec3<u32>(0u, 4u, 8u); }
-        case 2u: { return vec3<u32>(0u, 0u, 4u); }
-        case 3u: { return vec3<u32>(1u, 24u, 8u); }
-        case 4u: { return vec3<u32>(1u, 16u, 8u); }
-        case 5u: { return vec3<u32>(1u, 8u, 8u); }
-        default: { return vec3<u32>(1u, 0u, 8u); }
-    }
-}
-
-fn precedes(ka: u32, pa: u32, kb: u32, pb: u32) -> bool {
-    return ka > kb || (ka == kb && pa < pb);
-}
-
-@compute @workgroup_size(FWG)
-fn topk_final(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row = wg.x + wg.y * nwg.x;
     if (row >= p.n_rows) {
         return;
     }
     let valid = valid_len(row);
-    let n_def = atomicLoad(&state[row * 4u]);
-    let n_cand = atomicLoad(&state[row * 4u + 1u]);
-    if (lid == 0u) {
-        fctl[0] = atomicLoad(&state[row * 4u + 3u]);
-        fctl[1] = 0u;
-        fctl[2] = 0u;
-        fctl[3] = 0u;
-        fctl[4] = 0u;
-        fctl[5] = select(0u, 1u, n_cand == 0u || fctl[0] == 0u);
+    if (valid <= p.k) {
+        return;
     }
-    for (var pi = 0u; pi < 7u; pi++) {
-        let done = workgroupUniformLoad(&fctl[5]);
-        if (done != 0u) {
-            break;
-        }
-        let ps = pass_of(pi);
-        for (var b = lid; b < 256u; b += FWG) {
-            atomicStore(&h8[b], 0u);
-        }
-        workgroupBarrier();
-        let mh = fctl[1];
-        let vh = fctl[2];
-        let ml = fctl[3];
-        let vl = fctl[4];
-        for (var i = lid; i < n_cand; i += FWG) {
-            let key = cand_key(row, cand[row * p.row_len + i]);
-            if ((key.x & mh) == vh && (key.y & ml) == vl) {
-                let word = select(key.x, key.y, ps.x == 1u);
-                let d = (word >> ps.y) & ((1u << ps.z) - 1u);
-                atomicAdd(&h8[d], 1u);
+    let b1 = atomicLoad(&state[row * ST + S_B1]);
+    let base = wg.x * CHUNK;
+    zero_local(BINS, lid);
+    workgroupBarrier();
+    var keys: array<u32, ITEMS>;
+    var mask = 0u;
+    for (var i = 0u; i < ITEMS; i++) {
+        let idx = base + i * WG + lid;
+        keys[i] = 0u;
+        if (idx < valid) {
+            let key = score_key(row, idx);
+            keys[i] = key;
+            let d = key >> 20u;
+            if (d > b1) {
+                mask |= 1u << i;
+            } else if (d == b1) {
+                atomicAdd(&lh[(key >> 8u) & 0xfffu], 1u);
             }
         }
-        workgroupBarrier();
+    }
+    emit(row, mask, keys, base + lid, WG, lid);
+    let off = row * HSTRIDE;
+    flush(off + BINS, BINS, lid);
+    if (arrive(row * ST + S_DONE2, nwg.x, lid)) {
+        let need1 = atomicLoad(&state[row * ST + S_NEED1]);
+        let r = find_bin(off + BINS, BINS, need1, lid);
         if (lid == 0u) {
-            var need = fctl[0];
-            var d = (1u << ps.z) - 1u;
-            loop {
-                let h = atomicLoad(&h8[d]);
-                if (h >= need || d == 0u) {
-                    let m = ((1u << ps.z) - 1u) << ps.y;
-                    if (ps.x == 0u) {
-                        fctl[1] = mh | m;
-                        fctl[2] = vh | (d << ps.y);
-                    } else {
-                        fctl[3] = ml | m;
-                        fctl[4] = vl | (d << ps.y);
-                    }
-                    fctl[5] = select(0u, 1u, h == need);
-                    fctl[0] = need;
-                    break;
-                }
-                need -= h;
-                d -= 1u;
-            }
+            atomicStore(&state[row * ST + S_B2], r.x);
+            atomicStore(&state[row * ST + S_NEED2], r.y);
         }
-        workgroupBarrier();
+        clear_global(off, BINS, lid);
     }
+}
+
+@compute @workgroup_size(256)
+fn topk_hist3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = row_of(wg, nwg);
+    if (row >= p.n_rows) {
+        return;
+    }
+    let valid = valid_len(row);
+    if (valid <= p.k) {
+        return;
+    }
+    let b1 = atomicLoad(&state[row * ST + S_B1]);
+    let b2 = atomicLoad(&state[row * ST + S_B2]);
+    let base = wg.x * CHUNK;
+    zero_local(BINS3, lid);
     workgroupBarrier();
-    // Gather: definite positions, then candidates at or above the final prefix (compacted by scans).
-    let mh = fctl[1];
-    let vh = fctl[2];
-    let ml = fctl[3];
-    let vl = fctl[4];
-    let take_cands = fctl[0] > 0u;
-    for (var i = lid; i < min(n_def, KMAX); i += FWG) {
-        let pos = def_list[row * p.k + i];
-        skey[i] = okey(scores[row * p.row_stride + pos]);
-        spos[i] = pos;
-    }
-    if (lid == 0u) {
-        fctl[7] = select(0u, n_cand, take_cands);
-        fctl[6] = n_def;
-    }
-    let nc = workgroupUniformLoad(&fctl[7]);
-    var filled = n_def;
-    for (var b = 0u; b < nc; b += FWG) {
-        let i = b + lid;
-        var pos = 0u;
-        var hit = 0u;
-        if (i < nc) {
-            pos = cand[row * p.row_len + i];
-            let key = cand_key(row, pos);
-            let a = vec2<u32>(key.x & mh, key.y & ml);
-            if (a.x > vh || (a.x == vh && a.y >= vl)) {
-                hit = 1u;
-            }
-        }
-        let sc = wg_scan(lid, hit, FWG);
-        let slot = filled + sc.x;
-        if (hit == 1u && slot < KMAX) {
-            skey[slot] = okey(scores[row * p.row_stride + pos]);
-            spos[slot] = pos;
-        }
-        filled += sc.y;
-    }
-    if (lid == 0u) {
-        fctl[6] = filled;
-    }
-    workgroupBarrier();
-    let n = min(workgroupUniformLoad(&fctl[6]), min(p.k, KMAX));
-    var size = 1u;
-    while (size < n) {
-        size <<= 1u;
-    }
-    for (var i = n + lid; i < size; i += FWG) {
-        skey[i] = 0u;
-        spos[i] = 0xffffffffu;
-    }
-    workgroupBarrier();
-    // Bitonic sort into (score desc, position asc).
-    for (var k2 = 2u; k2 <= size; k2 <<= 1u) {
-        for (var j = k2 >> 1u; j > 0u; j >>= 1u) {
-            for (var i = lid; i < size; i += FWG) {
-                let l = i ^ j;
-                if (l > i) {
-                    let up = (i & k2) == 0u;
-                    let a_first = precedes(skey[i], spos[i], skey[l], spos[l]);
-                    if (a_first != up) {
-                        let tk = skey[i];
-                        skey[i] = skey[l];
-                        skey[l] = tk;
-                        let tp = spos[i];
-                        spos[i] = spos[l];
-                        spos[l] = tp;
-                    }
+    var keys: array<u32, ITEMS>;
+    var mask = 0u;
+    for (var i = 0u; i < ITEMS; i++) {
+        let idx = base + i * WG + lid;
+        keys[i] = 0u;
+        if (idx < valid) {
+            let key = score_key(row, idx);
+            keys[i] = key;
+            if ((key >> 20u) == b1) {
+                let d = (key >> 8u) & 0xfffu;
+                if (d > b2) {
+                    mask |= 1u << i;
+                } else if (d == b2) {
+                    atomicAdd(&lh[key & 0xffu], 1u);
                 }
             }
-            workgroupBarrier();
         }
     }
-    for (var i = lid; i < p.k; i += FWG) {
-        let o = row * p.k + i;
-        if (i < n) {
-            sel[o] = i32(spos[i]);
-            sel_score[o] = scores[row * p.row_stride + spos[i]];
+    emit(row, mask, keys, base + lid, WG, lid);
+    let off = row * HSTRIDE + 2u * BINS;
+    // BINS3 == WG: one bin per thread.
+    let h = atomicLoad(&lh[lid]);
+    if (h > 0u) {
+        atomicAdd(&hist[off + lid], h);
+    }
+    let in_wg = wg_scan(lid, h).y;
+    let wbase = row * nwg.x * (BINS3 + 1u);
+    if (lid == 0u) {
+        atomicStore(&wgd[wbase + wg.x], in_wg);
+    }
+    if (in_wg > 0u) {
+        atomicStore(&wgd[wbase + nwg.x + wg.x * BINS3 + lid], h);
+    }
+    if (arrive(row * ST + S_DONE3, nwg.x, lid)) {
+        let need2 = atomicLoad(&state[row * ST + S_NEED2]);
+        let r = find_bin(off, BINS3, need2, lid);
+        let kstar = (b1 << 20u) | (b2 << 8u) | r.x;
+        if (lid == 0u) {
+            let partial = r.y < atomicLoad(&hist[off + r.x]);
+            atomicStore(&state[row * ST + S_KSTAR], kstar);
+            atomicStore(&state[row * ST + S_NEED3], r.y);
+            atomicStore(&state[row * ST + S_PARTIAL], select(0u, 1u, partial));
+            ctl[5] = select(0u, 1u, partial);
+        }
+        if (workgroupUniformLoad(&ctl[5]) != 0u) {
+            // Ties at K* before each workgroup's chunk (workgroups in position order).
+            var carry = 0u;
+            for (var b = 0u; b < nwg.x; b += WG) {
+                let w = b + lid;
+                var t = 0u;
+                if (w < nwg.x) {
+                    if (atomicLoad(&wgd[wbase + w]) > 0u) {
+                        t = atomicLoad(&wgd[wbase + nwg.x + w * BINS3 + r.x]);
+                    }
+                }
+                let sc = wg_scan(lid, t);
+                if (w < nwg.x) {
+                    atomicStore(&wgd[wbase + w], carry + sc.x);
+                }
+                carry += sc.y;
+            }
+        }
+        clear_global(row * HSTRIDE + BINS, BINS + BINS3, lid);
+    }
+}
+
+@compute @workgroup_size(256)
+fn topk_collect(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = row_of(wg, nwg);
+    if (row >= p.n_rows) {
+        return;
+    }
+    let valid = valid_len(row);
+    let base = wg.x * CHUNK;
+    let all = valid <= p.k;
+    var kstar = 0u;
+    var need3 = 0u;
+    var before = 0u;
+    var partial = false;
+    if (!all) {
+        kstar = atomicLoad(&state[row * ST + S_KSTAR]);
+        need3 = atomicLoad(&state[row * ST + S_NEED3]);
+        partial = atomicLoad(&state[row * ST + S_PARTIAL]) != 0u;
+        if (partial) {
+            before = atomicLoad(&wgd[row * nwg.x * (BINS3 + 1u) + wg.x]);
+        }
+    }
+    // Thread-major positions here, so the tie rank follows position order.
+    let pos0 = base + lid * ITEMS;
+    var keys: array<u32, ITEMS>;
+    var mask = 0u;
+    var ties = 0u;
+    for (var i = 0u; i < ITEMS; i++) {
+        let idx = pos0 + i;
+        keys[i] = 0u;
+        if (idx < valid) {
+            let key = score_key(row, idx);
+            keys[i] = key;
+            if (all || ((key >> 8u) == (kstar >> 8u) && key > kstar)) {
+                mask |= 1u << i;
+            } else if (key == kstar) {
+                ties |= 1u << i;
+            }
+        }
+    }
+    let sc = wg_scan(lid, countOneBits(ties));
+    var rank = before + sc.x;
+    for (var i = 0u; i < ITEMS; i++) {
+        if ((ties & (1u << i)) != 0u) {
+            if (!partial || rank < need3) {
+                mask |= 1u << i;
+            }
+            rank += 1u;
+        }
+    }
+    emit(row, mask, keys, pos0, 1u, lid);
+}
+
+var<workgroup> rkey: array<u32, KMAX>;
+var<workgroup> rpos: array<u32, KMAX>;
+
+@compute @workgroup_size(256)
+fn topk_rank(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let row = row_of(wg, nwg);
+    if (row >= p.n_rows) {
+        return;
+    }
+    let n = min(atomicLoad(&state[row * ST + S_COUNT]), min(p.k, KMAX));
+    let lbase = row * p.k * 2u;
+    for (var j = lid; j < n; j += WG) {
+        rkey[j] = list[lbase + 2u * j];
+        rpos[j] = list[lbase + 2u * j + 1u];
+    }
+    workgroupBarrier();
+    let slot = lid % RANK_E;
+    let e = wg.x * RANK_E + slot;
+    let seg = lid / RANK_E;
+    let per = (n + RANK_SEGS - 1u) / RANK_SEGS;
+    let j1 = min(seg * per + per, n);
+    var cnt = 0u;
+    if (e < n) {
+        let ke = rkey[e];
+        let pe = rpos[e];
+        for (var j = seg * per; j < j1; j++) {
+            let kj = rkey[j];
+            cnt += select(0u, 1u, kj > ke || (kj == ke && rpos[j] < pe));
+        }
+    }
+    scan[lid] = cnt;
+    workgroupBarrier();
+    if (lid < RANK_E && e < p.k) {
+        let o = row * p.k;
+        if (e < n) {
+            var r = 0u;
+            for (var s = 0u; s < RANK_SEGS; s++) {
+                r += scan[s * RANK_E + lid];
+            }
+            let pos = rpos[e];
+            sel[o + r] = i32(pos);
+            sel_score[o + r] = scores[row * p.row_stride + pos];
         } else {
-            sel[o] = -1;
-            sel_score[o] = bitcast<f32>(0xff800000u);
+            sel[o + e] = -1;
+            sel_score[o + e] = bitcast<f32>(0xff800000u);
         }
-    }
-    // Leave the scratch zeroed for the next call.
-    for (var b = lid; b < BINS; b += FWG) {
-        atomicStore(&hist[row * BINS + b], 0u);
-    }
-    if (lid < 4u) {
-        atomicStore(&state[row * 4u + lid], 0u);
     }
 }

@@ -141,6 +141,26 @@ fn topk_radix_select_follows_the_tie_rule() {
             assert_eq!(sel, want_topk(&v, 1, len, len, k), "len {len} k {k} kind {kind}");
         }
     }
+    // Rows past 256 workgroups of 2048 positions (the tie-prefix carry), quantised scores so
+    // the k-th value is tied across many workgroups, and sparse ties near the boundary.
+    for (len, k, kind) in [(600_001usize, 2048usize, 0), (600_001, 2048, 1), (300_000, 1000, 4), (5000, 2048, 5)] {
+        seed += 1;
+        let mut v = random_vec(seed, len);
+        match kind {
+            1 => v.iter_mut().for_each(|x| *x = (*x * 64.0).round()),
+            4 => v.iter_mut().for_each(|x| *x = (*x * 4096.0).round() / 4096.0),
+            5 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i % 7 == 0 { 0.5 } else { *x * 0.4 }),
+            _ => {}
+        }
+        let (sel, _) = gpu_topk(&g, &v, 1, len, len, k);
+        assert_eq!(sel, want_topk(&v, 1, len, len, k), "len {len} k {k} kind {kind}");
+    }
+    // Several long rows at once, each with its own boundary.
+    let (rows, row_len, k) = (3, 9000, 2048);
+    let mut v = random_vec(77, rows * row_len);
+    v[row_len..2 * row_len].iter_mut().for_each(|x| *x = (*x * 3.0).round());
+    let (sel, _) = gpu_topk(&g, &v, rows, row_len - 3, row_len, k);
+    assert_eq!(sel, want_topk(&v, rows, row_len - 3, row_len, k), "long rows");
     // Causal rows: row r sees positions 0..=100+r; short prefixes below k select everything.
     let (rows, row_len, pos0, k) = (33, 133, 100, 120);
     let v = random_vec(99, rows * row_len);
@@ -167,6 +187,21 @@ fn gpu_mla(
     t: usize,
     pos0: usize,
 ) -> (Vec<f32>, Vec<f32>) {
+    gpu_mla_v(g, dsa::MlaVariant::Grouped, d, cache, q, wkv, sel, t, pos0)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gpu_mla_v(
+    g: &Gpu,
+    variant: dsa::MlaVariant,
+    d: &MlaDims,
+    cache: &PagedRows,
+    q: &[f32],
+    wkv: &GpuTensor,
+    sel: Option<(&[i32], usize)>,
+    t: usize,
+    pos0: usize,
+) -> (Vec<f32>, Vec<f32>) {
     let qb = g.storage_from("q", q);
     let qa = g.storage("qa", (t * d.heads * d.width() * 4) as u64);
     let n_sel = sel.map_or(pos0 + t, |(_, k)| k.min(pos0 + t));
@@ -177,7 +212,8 @@ fn gpu_mla(
     let mut enc = g.device.create_command_encoder(&Default::default());
     dsa::mla_absorb(g, &mut enc, d, cache, &qb, wkv, &qa, t, None).expect("absorb");
     let sel_arg = sb.as_ref().map(|(b, k)| (b, *k));
-    dsa::mla_attention(g, &mut enc, d, cache, &qa, sel_arg, wkv, None, &part, &o, &lse, t, pos0, None).expect("attention");
+    dsa::mla_attention_variant(g, &mut enc, variant, d, cache, &qa, sel_arg, wkv, None, &part, &o, &lse, t, pos0, None)
+        .expect("attention");
     g.queue.submit([enc.finish()]);
     (g.read(&o, t * d.heads * d.v_dim).expect("o"), g.read(&lse, t * d.heads).expect("lse"))
 }
@@ -269,12 +305,14 @@ fn dense_and_sparse_attention_match_the_reference_across_pages() {
         s.resize(k, -1);
         sel.extend(s);
     }
-    let (o, _) = gpu_mla(&g, &d, &cache, &q, &wkv, Some((&sel, k)), t, pos0);
-    for i in 0..t {
-        let s: Vec<usize> = sel[i * k..(i + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
-        let (want, _) = refdsa::sparse_mla_absorbed(&rd, &q[i * qw..(i + 1) * qw], &rows, &wkv_f, &s);
-        let e = rel_l2(&o[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim], &want);
-        assert!(e <= 1e-5, "sparse row {i}: rel err {e}");
+    for variant in [dsa::MlaVariant::Grouped, dsa::MlaVariant::PerHead] {
+        let (o, _) = gpu_mla_v(&g, variant, &d, &cache, &q, &wkv, Some((&sel, k)), t, pos0);
+        for i in 0..t {
+            let s: Vec<usize> = sel[i * k..(i + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
+            let (want, _) = refdsa::sparse_mla_absorbed(&rd, &q[i * qw..(i + 1) * qw], &rows, &wkv_f, &s);
+            let e = rel_l2(&o[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim], &want);
+            assert!(e <= 1e-5, "{variant:?} sparse row {i}: rel err {e}");
+        }
     }
     // Selection covering every valid position (t + 1 <= k) equals dense attention.
     let k = 400;
@@ -288,6 +326,48 @@ fn dense_and_sparse_attention_match_the_reference_across_pages() {
     let (od, _) = gpu_mla(&g, &d, &cache, &q, &wkv, None, t, pos0);
     let od64: Vec<f64> = od.iter().map(|&v| v as f64).collect();
     assert!(rel_l2(&os, &od64) <= 1e-6, "full selection differs from dense");
+}
+
+#[test]
+fn grouped_attention_at_the_k31_row_width() {
+    let Some(g) = gpu() else { return };
+    // Latent 512 + rope 64 (every thread owns a latent word), 11 heads (a partial head group),
+    // 200 positions in pages of 16, 32, ...; sparse and dense, both kernels.
+    let d = MlaDims { heads: 11, latent: 512, rope: 64, nope: 16, v_dim: 16, scale: 80f32.powf(-0.5) };
+    let rd = refdsa::Dims { heads: 11, latent: 512, rope: 64, nope: 16, v_dim: 16, scale: 80f64.powf(-0.5) };
+    let s_len = 200;
+    let rows = bf16_round(&random_vec(11, s_len * d.width()));
+    let cache = upload_rows(&g, "latent", &rows, d.width(), 16);
+    let wkv_f = bf16_round(&random_vec(12, d.heads * (d.nope + d.v_dim) * d.latent));
+    let wkv = upload_bf16(&g, "kv_b", &[d.heads * (d.nope + d.v_dim), d.latent], &wkv_f);
+    let (t, pos0, k) = (2, s_len - 2, 150);
+    let q = random_vec(13, t * d.heads * (d.nope + d.rope));
+    let qw = d.heads * (d.nope + d.rope);
+    let mut sel = Vec::new();
+    for i in 0..t {
+        let mut s: Vec<i32> = (0..k as i32).map(|j| (j * 37 + i as i32 * 5) % (pos0 + i + 1) as i32).collect();
+        s.sort();
+        s.dedup();
+        s.resize(k, -1);
+        sel.extend(s);
+    }
+    for variant in [dsa::MlaVariant::Grouped, dsa::MlaVariant::PerHead] {
+        let (o, lse) = gpu_mla_v(&g, variant, &d, &cache, &q, &wkv, Some((&sel, k)), t, pos0);
+        let (od, _) = gpu_mla_v(&g, variant, &d, &cache, &q, &wkv, None, t, pos0);
+        for i in 0..t {
+            let s: Vec<usize> = sel[i * k..(i + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
+            let (want, wl) = refdsa::sparse_mla_absorbed(&rd, &q[i * qw..(i + 1) * qw], &rows, &wkv_f, &s);
+            let e = rel_l2(&o[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim], &want);
+            assert!(e <= 1e-5, "{variant:?} sparse row {i}: rel err {e}");
+            for h in 0..d.heads {
+                assert!((lse[i * d.heads + h] as f64 - wl[h]).abs() <= 1e-4 * wl[h].abs().max(1.0), "{variant:?} lse");
+            }
+            let all: Vec<usize> = (0..=pos0 + i).collect();
+            let (want, _) = refdsa::sparse_mla_absorbed(&rd, &q[i * qw..(i + 1) * qw], &rows, &wkv_f, &all);
+            let e = rel_l2(&od[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim], &want);
+            assert!(e <= 1e-5, "{variant:?} dense row {i}: rel err {e}");
+        }
+    }
 }
 
 #[test]

@@ -48,13 +48,21 @@ pub const INDEX_SCORES_K31: Kernel =
     Kernel::new("index_scores_32x128", "indexer", "index_scores").with_constants(&[("IH", 32.0), ("ID", 128.0)]);
 pub const INDEX_SCORES_4X32: Kernel =
     Kernel::new("index_scores_4x32", "indexer", "index_scores").with_constants(&[("IH", 4.0), ("ID", 32.0)]);
+/// The K3.1 indexer (32 x 128) on cooperative matrices, q split into two f16 parts (about f32
+/// accuracy): the default where the adapter has them (see [`IndexVariant`]).
+pub const INDEX_SCORES_COOP: Kernel =
+    Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 1.0)]).coopmat();
+/// Same with q rounded to f16 (half the tensor-core work, ~5e-4 relative per head dot).
+pub const INDEX_SCORES_COOP_F16: Kernel =
+    Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 0.0)]).coopmat();
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
-pub const TOPK_FILTER: Kernel = Kernel::new("topk_filter", "topk", "topk_filter");
-pub const TOPK_FINAL_256: Kernel = Kernel::new("topk_final_256", "topk", "topk_final").with_constants(&[("FWG", 256.0)]);
-pub const TOPK_FINAL_1024: Kernel =
-    Kernel::new("topk_final_1024", "topk", "topk_final").with_constants(&[("FWG", 1024.0)]);
+pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
+pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
+pub const TOPK_COLLECT: Kernel = Kernel::new("topk_collect", "topk", "topk_collect");
+pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
 pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
+pub const MLA_ATTEND_GROUPED: Kernel = Kernel::new("mla_attend_grouped", "mla", "mla_attend_grouped");
 pub const MLA_COMBINE: Kernel = Kernel::new("mla_combine", "mla", "mla_combine");
 pub const MLA_LOGITS: Kernel = Kernel::new("mla_logits", "mla", "mla_logits");
 pub const RMS_NORM: Kernel = Kernel::new("dsa_rms_norm", "dsa_misc", "rms_norm");
@@ -64,12 +72,16 @@ pub const CACHE_WRITE: Kernel = Kernel::new("dsa_cache_write", "dsa_misc", "cach
 pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_K31,
     INDEX_SCORES_4X32,
+    INDEX_SCORES_COOP,
+    INDEX_SCORES_COOP_F16,
     TOPK_HIST,
-    TOPK_FILTER,
-    TOPK_FINAL_256,
-    TOPK_FINAL_1024,
+    TOPK_HIST2,
+    TOPK_HIST3,
+    TOPK_COLLECT,
+    TOPK_RANK,
     MLA_ABSORB,
     MLA_ATTEND,
+    MLA_ATTEND_GROUPED,
     MLA_COMBINE,
     MLA_LOGITS,
     RMS_NORM,
@@ -88,15 +100,19 @@ pub fn params() -> Vec<super::ParamsLayout> {
     ]
 }
 
-/// Largest supported top-k (the final pass sorts in workgroup memory).
+/// Largest supported top-k (the rank pass holds the selection in workgroup memory).
 pub const MAX_TOPK: usize = 2048;
 /// Page bindings of the paged caches (indexer.wgsl k0..k15, mla.wgsl c0..c15).
 pub const MAX_PAGES: usize = 16;
-const TOPK_CHUNK: usize = 4096;
+/// Positions per top-k workgroup (topk.wgsl CHUNK).
+const TOPK_CHUNK: usize = 2048;
+/// Selection entries ranked per workgroup (topk.wgsl RANK_E).
+const TOPK_RANK_E: usize = 32;
+/// Global histogram words per row (topk.wgsl HSTRIDE: 4096 + 4096 + 256 bins).
+const TOPK_HSTRIDE: usize = 8448;
 /// Pages stop doubling at this size: very large buffers gained nothing and the first
 /// H200 run slowed down past 1 GiB pages.
 const PAGE_BYTES_CAP: u64 = 256 << 20;
-const TOPK_BINS: usize = 4096;
 
 /// The indexer kernel specialised on `heads` x `head_dim` (built once per shape).
 pub fn index_kernel(heads: usize, head_dim: usize) -> Result<Kernel, GpuError> {
@@ -359,6 +375,33 @@ impl PagedRows {
     }
 }
 
+/// Which indexer kernel runs (the benches and tests pick one; the layer uses `Auto`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IndexVariant {
+    /// Coop (q split) where [`coop_indexer_available`], SIMT otherwise.
+    Auto,
+    /// f32 SIMT (indexer.wgsl): every adapter, every supported shape.
+    Simt,
+    /// Cooperative matrices, q = hi + lo in f16 (dsa_index_coop.wgsl).
+    Coop,
+    /// Cooperative matrices, q rounded to f16.
+    CoopF16,
+}
+
+/// Workgroups of the coop indexer per query (grid-strided over the tiles of 64 positions);
+/// [`set_index_coop_groups`] changes it (benchmarks).
+static INDEX_COOP_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(528);
+
+/// Sets the coop indexer's workgroups per query (at least 1); returns the previous value.
+pub fn set_index_coop_groups(n: usize) -> usize {
+    INDEX_COOP_GROUPS.swap(n.max(1), std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The coop indexer exists for 32 heads x 128 only and assumes 32-wide subgroups (8 per workgroup).
+pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool {
+    gpu.caps.coopmat && gpu.caps.subgroup_min == 32 && gpu.caps.subgroup_max == 32 && heads == 32 && head_dim == 128
+}
+
 /// Indexer scores for `n_queries` queries at positions `q_pos0..`: scores[t, s] for
 /// s < n_pos (-inf beyond q_pos0 + t). q: [T, IH, ID] f32; w: [T, IH] f32 (raw weights_proj
 /// output, scaled here by IH^-1/2 ID^-1/2); scores: [T, row_stride] f32.
@@ -377,8 +420,39 @@ pub fn index_scores(
     row_stride: usize,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    index_scores_variant(gpu, enc, IndexVariant::Auto, keys, heads, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
+}
+
+/// [`index_scores`] with an explicit kernel choice.
+#[allow(clippy::too_many_arguments)]
+pub fn index_scores_variant(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    variant: IndexVariant,
+    keys: &PagedRows,
+    heads: usize,
+    q: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    scores: &wgpu::Buffer,
+    n_queries: usize,
+    q_pos0: usize,
+    n_pos: usize,
+    row_stride: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
     let id = keys.width;
-    let kernel = index_kernel(heads, id)?;
+    let coop_ok = coop_indexer_available(gpu, heads, id);
+    let kernel = match variant {
+        IndexVariant::Auto if coop_ok => INDEX_SCORES_COOP,
+        IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
+        IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
+            return Err(shape_err(format!(
+                "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128)"
+            )))
+        }
+        IndexVariant::Coop => INDEX_SCORES_COOP,
+        IndexVariant::CoopF16 => INDEX_SCORES_COOP_F16,
+    };
     if n_pos > keys.capacity() || n_pos > row_stride || n_queries == 0 {
         return Err(shape_err(format!(
             "index_scores: {n_pos} positions with {} cached, row stride {row_stride}, {n_queries} queries",
@@ -402,7 +476,12 @@ pub fn index_scores(
     let slots = keys.slots();
     let mut entries = vec![(0, &u), (1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
-    let groups = [n_pos.div_ceil(64) as u32, n_queries as u32, 1];
+    let groups = if kernel.needs_coopmat {
+        let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
+        [n_pos.div_ceil(64).clamp(1, cap) as u32, n_queries as u32, 1]
+    } else {
+        [n_pos.div_ceil(64) as u32, n_queries as u32, 1]
+    };
     check_groups(gpu, "index_scores", groups)?;
     run(gpu, enc, &kernel, &entries, groups, profiler)
 }
@@ -412,10 +491,14 @@ pub struct TopkScratch {
     pub rows: usize,
     pub row_len: usize,
     pub k: usize,
+    /// Global histograms [rows, 8448] (zero between calls).
     hist: wgpu::Buffer,
+    /// Per-row state words [rows, 16] (done counters zero between calls).
     state: wgpu::Buffer,
-    def: wgpu::Buffer,
-    cand: wgpu::Buffer,
+    /// Per-workgroup digit-3 histograms and tie prefixes [rows, nwg * 257].
+    wgd: wgpu::Buffer,
+    /// Unordered selection (key, position) [rows, 2k].
+    list: wgpu::Buffer,
 }
 
 impl TopkScratch {
@@ -423,25 +506,29 @@ impl TopkScratch {
         if k == 0 || k > MAX_TOPK {
             return Err(shape_err(format!("top-k: k = {k} unsupported (1..={MAX_TOPK})")));
         }
-        let cand_bytes = (rows * row_len * 4) as u64;
-        if cand_bytes > gpu.caps.max_binding {
-            return Err(GpuError::TooLarge { what: "top-k candidate list".into(), needed: cand_bytes, limit: gpu.caps.max_binding });
+        let nwg = row_len.div_ceil(TOPK_CHUNK).max(1);
+        let wgd_bytes = (rows * nwg * 257 * 4) as u64;
+        let hist_bytes = (rows * TOPK_HSTRIDE * 4) as u64;
+        for (what, bytes) in [("top-k per-workgroup histograms", wgd_bytes), ("top-k histograms", hist_bytes)] {
+            if bytes > gpu.caps.max_binding {
+                return Err(GpuError::TooLarge { what: what.into(), needed: bytes, limit: gpu.caps.max_binding });
+            }
         }
         Ok(TopkScratch {
             rows,
             row_len,
             k,
-            hist: gpu.storage("topk hist", (rows * TOPK_BINS * 4) as u64),
-            state: gpu.storage("topk state", (rows * 16) as u64),
-            def: gpu.storage("topk def", (rows * k * 4) as u64),
-            cand: gpu.storage("topk cand", cand_bytes),
+            hist: gpu.storage("topk hist", hist_bytes),
+            state: gpu.storage("topk state", (rows * 16 * 4) as u64),
+            wgd: gpu.storage("topk per-workgroup", wgd_bytes),
+            list: gpu.storage("topk list", (rows * k * 2 * 4) as u64),
         })
     }
 }
 
 /// Top-k of `n_rows` score rows (stride `row_stride`), row r valid on
 /// `[0, min(pos0 + r + 1, row_len))`. Writes sel [n_rows, k] i32 (score desc, position asc,
-/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, three dispatches.
+/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, five dispatches (topk.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn topk(
     gpu: &Gpu,
@@ -466,59 +553,43 @@ pub fn topk(
     need(scores, n_rows * row_stride * 4, "topk scores")?;
     need(sel, n_rows * k * 4, "topk sel")?;
     need(sel_score, n_rows * k * 4, "topk sel_score")?;
+    // Valid lengths never exceed row_len: clamped through the params' row_len.
     let params = TopkParams {
         n_rows: n_rows as u32,
         row_stride: row_stride as u32,
         k: k as u32,
         pos0: pos0 as u32,
-        row_len: scratch.row_len as u32,
+        row_len: row_len as u32,
         ..Default::default()
     };
-    // Valid lengths never exceed row_len: clamp through the params' row_len.
-    let params = TopkParams { row_len: row_len as u32, ..params };
     let u = gpu.uniform("topk params", &params);
     let chunks = row_len.div_ceil(TOPK_CHUNK).max(1) as u32;
+    let ranks = k.div_ceil(TOPK_RANK_E) as u32;
     let max = gpu.caps.max_workgroups_per_dim;
     let (ry, rz) = if n_rows as u32 <= max { (n_rows as u32, 1) } else { (max, (n_rows as u32).div_ceil(max)) };
     check_groups(gpu, "topk", [chunks, ry, rz])?;
-    let final_kernel = if gpu.caps.max_invocations >= 1024 { TOPK_FINAL_1024 } else { TOPK_FINAL_256 };
-    let hist_p = gpu.pipelines.get(gpu, &TOPK_HIST)?;
-    let filter_p = gpu.pipelines.get(gpu, &TOPK_FILTER)?;
-    let final_p = gpu.pipelines.get(gpu, &final_kernel)?;
-    let b_hist = make_bind(gpu, &hist_p, &TOPK_HIST, &[(0, &u), (1, scores), (2, &scratch.hist)]);
-    let b_filter = make_bind(
-        gpu,
-        &filter_p,
-        &TOPK_FILTER,
-        &[(0, &u), (1, scores), (2, &scratch.hist), (3, &scratch.state), (4, &scratch.def), (5, &scratch.cand)],
-    );
-    let b_final = make_bind(
-        gpu,
-        &final_p,
-        &final_kernel,
-        &[
-            (0, &u),
-            (1, scores),
-            (2, &scratch.hist),
-            (3, &scratch.state),
-            (4, &scratch.def),
-            (5, &scratch.cand),
-            (6, sel),
-            (7, sel_score),
-        ],
-    );
+    let (sc, st, wgd, list) = (&scratch.hist, &scratch.state, &scratch.wgd, &scratch.list);
+    // Each entry point binds only what it uses (automatic layouts).
+    let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 5] = [
+        (TOPK_HIST, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
+        (TOPK_HIST2, vec![(0, &u), (1, scores), (2, sc), (3, st), (5, list)], chunks),
+        (TOPK_HIST3, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, wgd), (5, list)], chunks),
+        (TOPK_COLLECT, vec![(0, &u), (1, scores), (3, st), (4, wgd), (5, list)], chunks),
+        (TOPK_RANK, vec![(0, &u), (1, scores), (3, st), (5, list), (6, sel), (7, sel_score)], ranks),
+    ];
+    let mut prepared = Vec::with_capacity(steps.len());
+    for (kernel, entries, gx) in &steps {
+        let pipeline = gpu.pipelines.get(gpu, kernel)?;
+        let bind = make_bind(gpu, &pipeline, kernel, entries);
+        prepared.push((pipeline, bind, *gx));
+    }
     let timestamp_writes = profiler.and_then(|p| p.pass("topk"));
     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("topk"), timestamp_writes });
-    pass.set_pipeline(&hist_p);
-    pass.set_bind_group(0, &b_hist, &[]);
-    pass.dispatch_workgroups(chunks, ry, rz);
-    pass.set_pipeline(&filter_p);
-    pass.set_bind_group(0, &b_filter, &[]);
-    pass.dispatch_workgroups(chunks, ry, rz);
-    pass.set_pipeline(&final_p);
-    pass.set_bind_group(0, &b_final, &[]);
-    let (fx, fy) = gpu.grid(n_rows as u32);
-    pass.dispatch_workgroups(fx, fy, 1);
+    for (pipeline, bind, gx) in &prepared {
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, bind, &[]);
+        pass.dispatch_workgroups(*gx, ry, rz);
+    }
     Ok(())
 }
 
@@ -608,13 +679,25 @@ pub fn mla_absorb(
 
 /// Splits of the selection per (query, head) for the attention pass.
 pub fn attend_splits(n_sel: usize) -> usize {
-    n_sel.div_ceil(128).clamp(1, 32)
+    n_sel.div_ceil(64).clamp(1, 32)
 }
 
 /// Bytes of the partial-result buffer [T, H, splits, R+2] f32.
 pub fn partial_bytes(dims: &MlaDims, n_queries: usize, splits: usize) -> usize {
     n_queries * dims.heads * splits * (dims.latent + 2) * 4
 }
+
+/// Which attention kernel [`mla_attention`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlaVariant {
+    /// One workgroup per (split, head): every selected row staged once per head.
+    PerHead,
+    /// One workgroup per (split, 8 heads): each row staged once per 8 heads (the default).
+    Grouped,
+}
+
+/// Heads per workgroup of `mla_attend_grouped` (mla.wgsl HG).
+const MLA_HG: usize = 8;
 
 /// Sparse (sel = Some: [T, k] i32, -1 padded) or dense (sel = None: all s <= q_pos0 + t)
 /// attention of qa over the latent cache, then the merge with W_UV and the optional gate:
@@ -623,6 +706,28 @@ pub fn partial_bytes(dims: &MlaDims, n_queries: usize, splits: usize) -> usize {
 pub fn mla_attention(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
+    dims: &MlaDims,
+    cache: &PagedRows,
+    qa: &wgpu::Buffer,
+    sel: Option<(&wgpu::Buffer, usize)>,
+    kv_b: &GpuTensor,
+    gate: Option<&wgpu::Buffer>,
+    part: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    lse: &wgpu::Buffer,
+    n_queries: usize,
+    q_pos0: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    mla_attention_variant(gpu, enc, MlaVariant::Grouped, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler)
+}
+
+/// [`mla_attention`] with an explicit attention kernel.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_attention_variant(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    variant: MlaVariant,
     dims: &MlaDims,
     cache: &PagedRows,
     qa: &wgpu::Buffer,
@@ -676,9 +781,13 @@ pub fn mla_attention(
     let slots = cache.slots();
     let mut entries = vec![(0, &u), (3, qa), (4, sel_buf), (5, part)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (6 + i as u32, *b)));
-    let groups = [splits as u32, dims.heads as u32, n_queries as u32];
+    let (kernel, head_groups) = match variant {
+        MlaVariant::PerHead => (MLA_ATTEND, dims.heads),
+        MlaVariant::Grouped => (MLA_ATTEND_GROUPED, dims.heads.div_ceil(MLA_HG)),
+    };
+    let groups = [splits as u32, head_groups as u32, n_queries as u32];
     check_groups(gpu, "mla_attend", groups)?;
-    run(gpu, enc, &MLA_ATTEND, &entries, groups, profiler.as_deref_mut())?;
+    run(gpu, enc, &kernel, &entries, groups, profiler.as_deref_mut())?;
     let entries = [(0, &u), (2, wkv), (5, part), (22, gate.unwrap_or(dummy)), (23, o), (24, lse)];
     run(gpu, enc, &MLA_COMBINE, &entries, [dims.heads as u32, n_queries as u32, 1], profiler)
 }

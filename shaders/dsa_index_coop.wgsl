@@ -1,0 +1,232 @@
+// Lightning indexer scores (spec 5.3) on cooperative matrices (16x16x16 f16 -> f32), K3.1 shape
+// only (32 heads x 128): the same contract as index_scores in indexer.wgsl (its SIMT twin),
+//   I[t, s] = w_scale * sum_j w[t, j] * relu(q[t, j] . k[s])      for s <= q_pos0 + t, else -inf.
+//
+// Per workgroup (8 subgroups of 32; the host runs this only where the subgroup size is 32) and
+// query t (workgroup_id.y), tiles of TILE = 64 positions, grid-strided over the row:
+//   C[32 heads, 64 positions] = Q[32, 128] K^T[128, 64]
+// subgroup w owns heads 16 (w / 4) .. +15 and positions 16 (w % 4) .. +15 of the tile: its 8
+// A fragments (Q rows, f16) stay in registers for the whole kernel; keys are loaded as bf16,
+// converted to f16 (exact for the LayerNorm'd key range) into workgroup memory (B fragments,
+// column-major = one key per column), and the next tile's keys are already in flight while the
+// current tile is multiplied. The accumulators go to workgroup memory (no per-element coop
+// access), then 4 threads per position apply ReLU and the head weights and sum.
+// QSPLIT: q = hi + lo with both parts f16, two products per fragment (about f32 accuracy);
+// without it q is rounded to f16 (about 5e-4 relative per head dot).
+
+enable f16;
+enable wgpu_cooperative_matrix;
+
+struct IndexParams {
+    n_queries: u32,
+    row_stride: u32,
+    q_pos0: u32,
+    n_pos: u32,
+    page0: u32,
+    shift_max: u32,
+    w_scale: f32,
+    _pad: u32,
+}
+
+override QSPLIT: bool = true;
+const IH: u32 = 32u;
+const ID: u32 = 128u;
+const TILE: u32 = 64u;
+const WG: u32 = 256u;
+const KV4: u32 = 32u; // vec4<f16> per key row
+const CS: u32 = 20u;  // f32 stride between positions of a staged accumulator tile (16 + 4: banks)
+const LOADS: u32 = 4u; // vec4<u32> (8 bf16) key loads per thread per tile: TILE * 16 / WG
+
+@group(0) @binding(0) var<uniform> p: IndexParams;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(4) var<storage, read> k0: array<vec4<u32>>;
+@group(0) @binding(5) var<storage, read> k1: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> k2: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> k3: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read> k4: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read> k5: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read> k6: array<vec4<u32>>;
+@group(0) @binding(11) var<storage, read> k7: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read> k8: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read> k9: array<vec4<u32>>;
+@group(0) @binding(14) var<storage, read> k10: array<vec4<u32>>;
+@group(0) @binding(15) var<storage, read> k11: array<vec4<u32>>;
+@group(0) @binding(16) var<storage, read> k12: array<vec4<u32>>;
+@group(0) @binding(17) var<storage, read> k13: array<vec4<u32>>;
+@group(0) @binding(18) var<storage, read> k14: array<vec4<u32>>;
+@group(0) @binding(19) var<storage, read> k15: array<vec4<u32>>;
+
+var<workgroup> kt: array<vec4<f16>, 2048>; // TILE keys x 32 vec4<f16>
+var<workgroup> qh: array<vec4<f16>, 1024>; // [32 heads, 128] f16(q)
+var<workgroup> ql: array<vec4<f16>, 1024>; // [32 heads, 128] f16(q - f16(q))
+var<workgroup> cs: array<f32, 2560>;       // 8 tiles x 16 positions x CS
+var<workgroup> ws: array<f32, 32>;
+var<workgroup> red: array<f32, 256>;
+
+fn key_vec(page: u32, i: u32) -> vec4<u32> {
+    switch page {
+        case 0u: { return k0[i]; }
+        case 1u: { return k1[i]; }
+        case 2u: { return k2[i]; }
+        case 3u: { return k3[i]; }
+        case 4u: { return k4[i]; }
+        case 5u: { return k5[i]; }
+        case 6u: { return k6[i]; }
+        case 7u: { return k7[i]; }
+        case 8u: { return k8[i]; }
+        case 9u: { return k9[i]; }
+        case 10u: { return k10[i]; }
+        case 11u: { return k11[i]; }
+        case 12u: { return k12[i]; }
+        case 13u: { return k13[i]; }
+        case 14u: { return k14[i]; }
+        default: { return k15[i]; }
+    }
+}
+
+// Page geometry: page i holds page0 << min(i, shift_max) rows; returns (page, row in page).
+fn locate(pos: u32) -> vec2<u32> {
+    let doubling_end = p.page0 * ((2u << p.shift_max) - 1u);
+    if (pos < doubling_end) {
+        let i = firstLeadingBit(pos / p.page0 + 1u);
+        return vec2<u32>(i, pos - p.page0 * ((1u << i) - 1u));
+    }
+    let big = p.page0 << p.shift_max;
+    let j = (pos - doubling_end) / big;
+    return vec2<u32>(p.shift_max + 1u + j, pos - doubling_end - j * big);
+}
+
+fn bf_lo(x: u32) -> f32 {
+    return bitcast<f32>(x << 16u);
+}
+
+fn bf_hi(x: u32) -> f32 {
+    return bitcast<f32>(x & 0xffff0000u);
+}
+
+// Load j of this thread for the tile at s0: key row s0 + (j * WG + lid) / 16, 8 values.
+fn load_keys(s0: u32, j: u32, lid: u32) -> vec4<u32> {
+    let e = j * WG + lid;
+    let pos = s0 + e / 16u;
+    if (pos >= p.n_pos) {
+        return vec4<u32>(0u);
+    }
+    let at = locate(pos);
+    return key_vec(at.x, at.y * 16u + e % 16u);
+}
+
+fn stage_keys(v: vec4<u32>, j: u32, lid: u32) {
+    let e = j * WG + lid;
+    let at = (e / 16u) * KV4 + (e % 16u) * 2u;
+    kt[at] = vec4<f16>(vec4<f32>(bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y)));
+    kt[at + 1u] = vec4<f16>(vec4<f32>(bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w)));
+}
+
+fn a_hi(mt: u32, kk: u32) -> coop_mat16x16<f16, A> {
+    return coopLoadT<coop_mat16x16<f16, A>>(&qh[mt * 16u * KV4 + kk * 4u], KV4);
+}
+
+fn a_lo(mt: u32, kk: u32) -> coop_mat16x16<f16, A> {
+    return coopLoadT<coop_mat16x16<f16, A>>(&ql[mt * 16u * KV4 + kk * 4u], KV4);
+}
+
+// One k-step (dims 16 kk .. +15) of the subgroup's tile: B = 16 keys (columns) x 16 dims.
+fn kstep(acc: coop_mat16x16<f32, C>, ah: coop_mat16x16<f16, A>, al: coop_mat16x16<f16, A>, nt: u32, kk: u32) -> coop_mat16x16<f32, C> {
+    let b = coopLoad<coop_mat16x16<f16, B>>(&kt[nt * 16u * KV4 + kk * 4u], KV4);
+    var r = coopMultiplyAdd(ah, b, acc);
+    if (QSPLIT) {
+        r = coopMultiplyAdd(al, b, r);
+    }
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn index_scores_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wg.y;
+    for (var i = lid; i < IH * ID / 4u; i += WG) {
+        let x = q[t * (IH * ID / 4u) + i];
+        let h = vec4<f16>(x);
+        qh[i] = h;
+        ql[i] = vec4<f16>(x - vec4<f32>(h));
+    }
+    if (lid < IH) {
+        ws[lid] = w[t * IH + lid] * p.w_scale;
+    }
+    workgroupBarrier();
+    let sg = lid / 32u;
+    let mt = sg / 4u;
+    let nt = sg % 4u;
+    let ah0 = a_hi(mt, 0u);
+    let ah1 = a_hi(mt, 1u);
+    let ah2 = a_hi(mt, 2u);
+    let ah3 = a_hi(mt, 3u);
+    let ah4 = a_hi(mt, 4u);
+    let ah5 = a_hi(mt, 5u);
+    let ah6 = a_hi(mt, 6u);
+    let ah7 = a_hi(mt, 7u);
+    let al0 = a_lo(mt, 0u);
+    let al1 = a_lo(mt, 1u);
+    let al2 = a_lo(mt, 2u);
+    let al3 = a_lo(mt, 3u);
+    let al4 = a_lo(mt, 4u);
+    let al5 = a_lo(mt, 5u);
+    let al6 = a_lo(mt, 6u);
+    let al7 = a_lo(mt, 7u);
+    let tiles = (p.n_pos + TILE - 1u) / TILE;
+    let last = p.q_pos0 + t;
+    // Epilogue mapping: 4 threads per position, 8 heads each.
+    let ep = lid / 4u;
+    let eq = lid % 4u;
+    let e_tile = (eq / 2u) * 4u + ep / 16u;
+    let e_at = e_tile * 16u * CS + (ep % 16u) * CS + (eq % 2u) * 8u;
+    var tile = wg.x;
+    var kv: array<vec4<u32>, LOADS>;
+    for (var j = 0u; j < LOADS; j++) {
+        kv[j] = select(vec4<u32>(0u), load_keys(tile * TILE, j, lid), tile < tiles);
+    }
+    while (tile < tiles) {
+        let s0 = tile * TILE;
+        workgroupBarrier();
+        for (var j = 0u; j < LOADS; j++) {
+            stage_keys(kv[j], j, lid);
+        }
+        let next = tile + nwg.x;
+        if (next < tiles) {
+            for (var j = 0u; j < LOADS; j++) {
+                kv[j] = load_keys(next * TILE, j, lid);
+            }
+        }
+        workgroupBarrier();
+        var acc = coop_mat16x16<f32, C>();
+        acc = kstep(acc, ah0, al0, nt, 0u);
+        acc = kstep(acc, ah1, al1, nt, 1u);
+        acc = kstep(acc, ah2, al2, nt, 2u);
+        acc = kstep(acc, ah3, al3, nt, 3u);
+        acc = kstep(acc, ah4, al4, nt, 4u);
+        acc = kstep(acc, ah5, al5, nt, 5u);
+        acc = kstep(acc, ah6, al6, nt, 6u);
+        acc = kstep(acc, ah7, al7, nt, 7u);
+        coopStore(acc, &cs[sg * 16u * CS], CS);
+        workgroupBarrier();
+        let h0 = eq * 8u;
+        var sum = 0.0;
+        for (var j = 0u; j < 8u; j++) {
+            sum += ws[h0 + j] * max(cs[e_at + j], 0.0);
+        }
+        red[lid] = sum;
+        workgroupBarrier();
+        if (lid < TILE) {
+            let pos = s0 + lid;
+            if (pos < p.n_pos) {
+                var v = red[4u * lid] + red[4u * lid + 1u] + red[4u * lid + 2u] + red[4u * lid + 3u];
+                if (pos > last) {
+                    v = bitcast<f32>(0xff800000u);
+                }
+                scores[t * p.row_stride + pos] = v;
+            }
+        }
+        tile = next;
+    }
+}
