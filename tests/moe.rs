@@ -82,7 +82,9 @@ fn gpu_route(gpu: &Gpu, cfg: &RouterConfig, t: usize, e: usize, k: usize, logits
 #[test]
 fn router_matches_reference_with_and_without_groups() {
     let Some(gpu) = support::gpu() else { return };
-    for (t, e, k, groups, tg, scaling) in [(1, 16, 4, 1, 1, 1.0), (17, 33, 5, 1, 1, 2.446), (5, 64, 8, 8, 3, 1.0), (3, 127, 1, 1, 1, 1.0)] {
+    for (t, e, k, groups, tg, scaling) in
+        [(1, 16, 4, 1, 1, 1.0), (17, 33, 5, 1, 1, 2.446), (5, 64, 8, 8, 3, 1.0), (3, 127, 1, 1, 1, 1.0), (2, 896, 16, 1, 1, 2.5), (2, 1000, 64, 8, 4, 1.0)]
+    {
         let cfg = router_cfg(groups, tg, scaling);
         let mut logits = support::random_vec(t as u64, t * e).iter().map(|v| v * 4.0).collect::<Vec<_>>();
         // Exact ties: the lower index must win.

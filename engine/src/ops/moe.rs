@@ -29,30 +29,12 @@ pub const EXPERT_DOWN_MXFP4: Kernel = Kernel::new("expert_down_mxfp4", "moe", "e
 pub const EXPERT_DOWN_MXFP4_R1: Kernel = Kernel::new("expert_down_mxfp4_r1", "moe", "expert_down").with_constants(MX_R1);
 pub const EXPERT_DOWN_MXFP4_R4: Kernel = Kernel::new("expert_down_mxfp4_r4", "moe", "expert_down").with_constants(MX_R4);
 pub const EXPERT_DOWN_BF16: Kernel = Kernel::new("expert_down_bf16", "moe", "expert_down").with_constants(BF);
-/// Subgroup decode kernels (shaders/moe_sg.wgsl): one subgroup per weight row.
-pub const EXPERT_UP_MXFP4_SG: Kernel = Kernel::new("expert_up_mxfp4_sg", "moe_sg", "expert_up_sg").subgroups();
-pub const EXPERT_DOWN_MXFP4_SG: Kernel = Kernel::new("expert_down_mxfp4_sg", "moe_sg", "expert_down_sg").subgroups();
-const SG2_RS1: &[(&str, f64)] = &[("RS2", 1.0), ("RPW2", 8.0)];
-const SG2_RS2: &[(&str, f64)] = &[("RS2", 2.0), ("RPW2", 16.0)];
-const SG2_RS4: &[(&str, f64)] = &[("RS2", 4.0), ("RPW2", 32.0)];
-const SG2_DOWN_RS1: &[(&str, f64)] = &[("RS2", 1.0), ("RPW2", 1.0)];
-const SG2_DOWN_RS2: &[(&str, f64)] = &[("RS2", 2.0), ("RPW2", 2.0)];
-const SG2_DOWN_RS4: &[(&str, f64)] = &[("RS2", 4.0), ("RPW2", 4.0)];
-const fn sg2(name: &'static str, entry: &'static str, c: &'static [(&'static str, f64)]) -> Kernel {
-    Kernel::new(name, "moe_sg", entry).with_constants(c).subgroups().unchecked()
-}
-pub const EXPERT_UP_MXFP4_SG2: Kernel = sg2("expert_up_mxfp4_sg2", "expert_up_sg2", SG2_RS2);
-pub const EXPERT_UP_MXFP4_SG2_RS1: Kernel = sg2("expert_up_mxfp4_sg2_rs1", "expert_up_sg2", SG2_RS1);
-pub const EXPERT_UP_MXFP4_SG2_RS4: Kernel = sg2("expert_up_mxfp4_sg2_rs4", "expert_up_sg2", SG2_RS4);
-pub const EXPERT_DOWN_MXFP4_SG2: Kernel = sg2("expert_down_mxfp4_sg2", "expert_down_sg2", SG2_DOWN_RS2);
-pub const EXPERT_DOWN_MXFP4_SG2_RS1: Kernel = sg2("expert_down_mxfp4_sg2_rs1", "expert_down_sg2", SG2_DOWN_RS1);
-pub const EXPERT_DOWN_MXFP4_SG2_RS4: Kernel = sg2("expert_down_mxfp4_sg2_rs4", "expert_down_sg2", SG2_DOWN_RS4);
-pub const EXPERT_UP_MXFP4_SG4: Kernel = sg2("expert_up_mxfp4_sg4", "expert_up_sg4", &[("RPW2", 32.0)]);
-pub const EXPERT_UP_MXFP4_SG4_W64: Kernel = sg2("expert_up_mxfp4_sg4_w64", "expert_up_sg4", &[("RPW2", 64.0)]);
-pub const EXPERT_DOWN_MXFP4_SG4: Kernel = sg2("expert_down_mxfp4_sg4", "expert_down_sg4", &[("RPW2", 4.0)]);
-pub const EXPERT_DOWN_MXFP4_SG4_W8: Kernel = sg2("expert_down_mxfp4_sg4_w8", "expert_down_sg4", &[("RPW2", 8.0)]);
-/// Weight rows per workgroup of the subgroup kernels (RPW in the shader).
-const SG_ROWS: u32 = 16;
+/// Subgroup decode kernels (shaders/moe_sg.wgsl): 2 rows per subgroup pass; 16 rows per
+/// workgroup in stage 1, 2 rows x all selected experts per workgroup in stage 2.
+pub const EXPERT_UP_MXFP4_SG2: Kernel =
+    Kernel::new("expert_up_mxfp4_sg2", "moe_sg", "expert_up_sg2").with_constants(&[("RS2", 2.0), ("RPW2", 16.0)]).subgroups().unchecked();
+pub const EXPERT_DOWN_MXFP4_SG2: Kernel =
+    Kernel::new("expert_down_mxfp4_sg2", "moe_sg", "expert_down_sg2").with_constants(&[("RS2", 2.0), ("RPW2", 2.0)]).subgroups().unchecked();
 pub const MOE_GROUP: Kernel = Kernel::new("moe_group", "moe", "moe_group");
 pub const EXPERT_UP_GROUPED_MXFP4: Kernel = Kernel::new("expert_up_grouped_mxfp4", "moe", "expert_up_grouped").with_constants(MX);
 pub const EXPERT_UP_GROUPED_BF16: Kernel = Kernel::new("expert_up_grouped_bf16", "moe", "expert_up_grouped").with_constants(BF);
@@ -71,18 +53,8 @@ pub const KERNELS: &[Kernel] = &[
     EXPERT_DOWN_MXFP4_R1,
     EXPERT_DOWN_MXFP4_R4,
     EXPERT_DOWN_BF16,
-    EXPERT_UP_MXFP4_SG,
-    EXPERT_DOWN_MXFP4_SG,
     EXPERT_UP_MXFP4_SG2,
-    EXPERT_UP_MXFP4_SG2_RS1,
-    EXPERT_UP_MXFP4_SG2_RS4,
     EXPERT_DOWN_MXFP4_SG2,
-    EXPERT_DOWN_MXFP4_SG2_RS1,
-    EXPERT_DOWN_MXFP4_SG2_RS4,
-    EXPERT_UP_MXFP4_SG4,
-    EXPERT_UP_MXFP4_SG4_W64,
-    EXPERT_DOWN_MXFP4_SG4,
-    EXPERT_DOWN_MXFP4_SG4_W8,
     MOE_GROUP,
     EXPERT_UP_GROUPED_MXFP4,
     EXPERT_UP_GROUPED_BF16,
@@ -135,24 +107,12 @@ pub const DECODE_R1: DecodeKernels =
     DecodeKernels { name: "shared r1", up: EXPERT_UP_MXFP4_R1, down: EXPERT_DOWN_MXFP4_R1, up_rows: 1, down_rows: 1 };
 pub const DECODE_R4: DecodeKernels =
     DecodeKernels { name: "shared r4", up: EXPERT_UP_MXFP4_R4, down: EXPERT_DOWN_MXFP4_R4, up_rows: 4, down_rows: 4 };
-/// Subgroup kernels with arithmetic E2M1 decode and a serial loop over experts in stage 2.
-pub const DECODE_SG: DecodeKernels =
-    DecodeKernels { name: "sg", up: EXPERT_UP_MXFP4_SG, down: EXPERT_DOWN_MXFP4_SG, up_rows: SG_ROWS, down_rows: SG_ROWS };
 /// Subgroup kernels with the paired-f16 decode and experts spread over subgroups in stage 2.
 pub const DECODE_SG2: DecodeKernels =
     DecodeKernels { name: "sg2 rs2", up: EXPERT_UP_MXFP4_SG2, down: EXPERT_DOWN_MXFP4_SG2, up_rows: 16, down_rows: 2 };
-pub const DECODE_SG2_RS1: DecodeKernels =
-    DecodeKernels { name: "sg2 rs1", up: EXPERT_UP_MXFP4_SG2_RS1, down: EXPERT_DOWN_MXFP4_SG2_RS1, up_rows: 8, down_rows: 1 };
-pub const DECODE_SG2_RS4: DecodeKernels =
-    DecodeKernels { name: "sg2 rs4", up: EXPERT_UP_MXFP4_SG2_RS4, down: EXPERT_DOWN_MXFP4_SG2_RS4, up_rows: 32, down_rows: 4 };
-/// Four rows per subgroup pass in vector registers (no private arrays).
-pub const DECODE_SG4: DecodeKernels =
-    DecodeKernels { name: "sg4 32/4", up: EXPERT_UP_MXFP4_SG4, down: EXPERT_DOWN_MXFP4_SG4, up_rows: 32, down_rows: 4 };
-pub const DECODE_SG4_WIDE: DecodeKernels =
-    DecodeKernels { name: "sg4 64/8", up: EXPERT_UP_MXFP4_SG4_W64, down: EXPERT_DOWN_MXFP4_SG4_W8, up_rows: 64, down_rows: 8 };
 /// Every MXFP4 decode variant, for tests and benches.
 pub const DECODE_VARIANTS: &[DecodeKernels] =
-    &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SG, DECODE_SG2, DECODE_SG2_RS1, DECODE_SG2_RS4, DECODE_SG4, DECODE_SG4_WIDE];
+    &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SG2];
 
 /// The fastest MXFP4 decode kernels this adapter can run.
 pub fn decode_default(gpu: &Gpu) -> DecodeKernels {
@@ -241,7 +201,7 @@ pub fn experts_decode(
         ExpertFormat::Mxfp4 => kernels.unwrap_or_else(|| decode_default(gpu)),
         ExpertFormat::Bf16 => DecodeKernels { name: "bf16", up: EXPERT_UP_BF16, down: EXPERT_DOWN_BF16, up_rows: 2, down_rows: 2 },
     };
-    if k_sel.down.entry.starts_with("expert_down_sg") && k_sel.down.entry != "expert_down_sg" {
+    if k_sel.down.entry == "expert_down_sg2" {
         // Stage-2 partial sums live in a 2048-float workgroup array.
         if k * k_sel.down_rows as usize > 2048 {
             return Err(GpuError::Shape(format!("experts: top_k {k} x {} rows exceeds the stage-2 workgroup buffer", k_sel.down_rows)));
@@ -271,7 +231,7 @@ pub fn experts_decode(
 /// The sg2 kernels also read the pool as words (binding 7) for the scale bytes.
 fn with_scales<'a>(k: &Kernel, b: &[(u32, &'a wgpu::Buffer)], pool: &'a wgpu::Buffer) -> Vec<(u32, &'a wgpu::Buffer)> {
     let mut v = b.to_vec();
-    if k.entry.ends_with("_sg2") || k.entry.ends_with("_sg4") {
+    if k.entry.ends_with("_sg2") {
         v.push((7, pool));
     }
     v
