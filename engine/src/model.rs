@@ -5,7 +5,7 @@
 use crate::checkpoint::{Checkpoint, TensorView};
 use crate::config::{Mixer, ModelConfig};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
-use crate::layers::global_attn::{ForwardOptions, GlobalAttn, TokenDiagnostics};
+use crate::layers::global_attn::{DeferredSelections, ForwardOptions, GlobalAttn, TokenDiagnostics};
 use crate::layers::bf16_bytes;
 use crate::layers::kda::KdaLayer;
 use crate::ops::{attn_res::attn_res, elementwise::add, embed::embed, linear::linear, norm::rms_norm};
@@ -215,6 +215,7 @@ impl Model {
         let eps = cfg.rms_norm_eps;
         let mut prof = hooks.profiler.take();
         let mut diagnostics = Vec::new();
+        let mut deferred = DeferredSelections::default();
 
         let mut enc = g.device.create_command_encoder(&Default::default());
         if let Some(p) = prof.as_deref_mut() {
@@ -251,13 +252,14 @@ impl Model {
                     k.forward(g, &mut enc, &normed, t, st, &mixed, prof.as_deref_mut())?;
                 }
                 MixerWeights::Global(ga) => {
-                    // The global layer reads selections back, so it submits on its own.
+                    // The global layer records and submits its own encoders.
                     g.queue.submit([std::mem::replace(&mut enc, g.device.create_command_encoder(&Default::default())).finish()]);
                     let cache = session.global_cache(l)?;
                     let mut opts = ForwardOptions {
                         sink: hooks.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }),
                         diagnostics: hooks.diagnostics,
                         profiler: prof.as_deref_mut(),
+                        deferred: Some(&mut deferred),
                         ..Default::default()
                     };
                     diagnostics.extend(ga.forward(g, &normed, t, cache, &mixed, &mut opts)?);
@@ -318,6 +320,9 @@ impl Model {
         linear(g, &mut enc, &self.lm_head, rows, &head_in, &logits, prof.as_deref_mut())?;
         g.queue.submit([enc.finish()]);
         let logits: Vec<f32> = g.read(&logits, rows * vocab)?;
+        if let Some(sink) = hooks.sink.as_mut() {
+            deferred.deliver(g, &mut **sink)?;
+        }
         let mut gpu_reserved_bytes = None;
         if let Some(p) = prof.as_deref_mut() {
             p.set_scope(None);

@@ -96,6 +96,51 @@ pub struct ForwardOptions<'a> {
     pub profiler: Option<&'a mut Profiler>,
     /// Upper bound on queries per block (0: from the score budget).
     pub max_query_block: usize,
+    /// Where selections for `sink` wait until the caller has synchronised anyway (None: the
+    /// layer reads them back itself, a GPU round trip per call).
+    pub deferred: Option<&'a mut DeferredSelections>,
+}
+
+/// Selections copied to host-visible buffers inside the forward's command stream and
+/// handed to the sink after the forward's final readback, so listening costs no extra
+/// GPU/CPU synchronisation per global layer.
+#[derive(Default)]
+pub struct DeferredSelections {
+    pending: Vec<PendingBlock>,
+}
+
+struct PendingBlock {
+    layer: usize,
+    first_position: usize,
+    queries: usize,
+    k: usize,
+    /// [queries * k] i32 positions then [queries * k] f32 scores.
+    staging: wgpu::Buffer,
+}
+
+impl DeferredSelections {
+    /// Maps every pending block (the GPU work that filled them must have been submitted) and
+    /// feeds them to `sink` in forward order.
+    pub fn deliver(&mut self, gpu: &Gpu, sink: &mut dyn SelectionSink) -> Result<(), GpuError> {
+        let blocks = std::mem::take(&mut self.pending);
+        for b in &blocks {
+            b.staging.slice(..).map_async(wgpu::MapMode::Read, |_| {});
+        }
+        gpu.wait()?;
+        for b in &blocks {
+            let view = b.staging.slice(..).get_mapped_range().map_err(|e| GpuError::Readback(e.to_string()))?;
+            let n = b.queries * b.k;
+            let pos: &[i32] = bytemuck::cast_slice(&view[..n * 4]);
+            let sc: &[f32] = bytemuck::cast_slice(&view[n * 4..2 * n * 4]);
+            for i in 0..b.queries {
+                let m = b.k.min(b.first_position + i + 1);
+                sink.record(Selection { layer: b.layer, position: b.first_position + i, positions: &pos[i * b.k..i * b.k + m], scores: &sc[i * b.k..i * b.k + m] });
+            }
+            drop(view);
+            b.staging.unmap();
+        }
+        Ok(())
+    }
 }
 
 struct IndexerWeights {
@@ -337,6 +382,19 @@ impl GlobalAttn {
             copy_rows(&mut enc, &o_b, &o, vo, t0, nb, true);
             copy_rows(&mut enc, &lse_b, &lse, h, t0, nb, true);
             let listening = opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) && sel_arg.is_some();
+            if let (true, Some((_, k)), Some(deferred)) = (listening, sel_arg, opts.deferred.as_deref_mut()) {
+                let bytes = (nb * k * 4) as u64;
+                let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("selection staging"),
+                    size: 2 * bytes,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                enc.copy_buffer_to_buffer(&sel, 0, &staging, 0, bytes);
+                enc.copy_buffer_to_buffer(&sel_score, 0, &staging, bytes, bytes);
+                deferred.pending.push(PendingBlock { layer: self.layer, first_position: qpos, queries: nb, k, staging });
+            }
+            let listening = listening && opts.deferred.is_none();
             if listening || (opts.diagnostics && sel_arg.is_some()) {
                 gpu.queue.submit([std::mem::replace(&mut enc, gpu.device.create_command_encoder(&Default::default())).finish()]);
             }
