@@ -7,6 +7,7 @@ use k31_engine::generate::{self, GenerateOptions, Metrics, StopReason};
 use k31_engine::gpu::{Gpu, Profiler};
 use k31_engine::model::{Hooks, Model};
 use k31_engine::sample::{Sampler, SamplingParams};
+use k31_engine::session::{Session, Snapshot};
 use k31_engine::tokenizer::{Tokenizer, Utf8Stream};
 use k31_engine::trace::{Selection, SelectionSink};
 use k31_viewer::{run_window, spawn_png_export, Flow, FrameSink, GenControl, LayerFigures, PngExportOptions, TraceWriter, ViewerOptions};
@@ -68,6 +69,11 @@ pub struct GenerateArgs {
     /// the softmax mass the selection omitted, the output error and the indexer's recall.
     #[arg(long)]
     pub omitted_mass: bool,
+    /// Compute a shared prompt prefix once: if FILE holds a session snapshot whose tokens
+    /// begin this prompt, restore it and run only the rest; otherwise run all but the last
+    /// prompt token, save the session there (docs/formats.md), then continue.
+    #[arg(long, value_name = "FILE")]
+    pub prefix_cache: Option<PathBuf>,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -216,6 +222,10 @@ fn run_generation(args: GenerateArgs, loaded: Loaded, window: Option<FrameSink>,
         bail!("the prompt is {} tokens but the context is {} (raise --context, up to max_position_embeddings)", prompt.len(), model.max_context);
     }
     let mut session = model.new_session()?;
+    let feed = match &args.prefix_cache {
+        Some(path) => use_prefix_cache(&gpu, &model, &mut session, &prompt, path)?,
+        None => 0,
+    };
     let mut profiler = args.model.metrics.then(|| Profiler::new(&gpu, 2048));
 
     let sinks = Rc::new(RefCell::new(Sinks::default()));
@@ -254,7 +264,7 @@ fn run_generation(args: GenerateArgs, loaded: Loaded, window: Option<FrameSink>,
     let stops = args.stop.clone();
     let all_tokens = RefCell::new(prompt.clone());
     let token_text = |p: usize| all_tokens.borrow().get(p).and_then(|&id| tok.token_text(id).ok()).unwrap_or_default();
-    let (ids, reason, mut metrics) = generate::generate(&model, &mut session, &prompt, &mut sampler, &mut opts, |id| {
+    let (ids, reason, mut metrics) = generate::generate(&model, &mut session, &prompt[feed..], &mut sampler, &mut opts, |id| {
         // Selections of the forward that produced this token are complete now.
         sinks.borrow_mut().end_step(&token_text);
         all_tokens.borrow_mut().push(id);
@@ -325,6 +335,33 @@ fn run_generation(args: GenerateArgs, loaded: Loaded, window: Option<FrameSink>,
 }
 
 /// Per-layer means over heads, for the viewer's figures panel and the trace.
+/// Restores the cached prefix of `prompt` from `path` or computes and saves it; returns how
+/// many prompt tokens the session already holds.
+fn use_prefix_cache(gpu: &Gpu, model: &Model, session: &mut Session, prompt: &[u32], path: &Path) -> Result<usize> {
+    if path.exists() {
+        let snap = Snapshot::load(path)?;
+        let n = snap.tokens.len();
+        if n >= prompt.len() || prompt[..n] != snap.tokens[..] {
+            let first_diff = snap.tokens.iter().zip(prompt).position(|(a, b)| a != b).unwrap_or(n.min(prompt.len()));
+            bail!(
+                "{}: the cached prefix ({n} tokens) does not begin this prompt ({} tokens; they differ from token {first_diff}); \
+                 the prompt must extend the cached one by at least one token - use another file or delete this one",
+                path.display(),
+                prompt.len()
+            );
+        }
+        session.restore(gpu, &snap).with_context(|| format!("restoring the session cached in {}", path.display()))?;
+        return Ok(n);
+    }
+    if prompt.len() < 2 {
+        return Ok(0);
+    }
+    let n = prompt.len() - 1;
+    generate::prefill(model, session, &prompt[..n], &mut Hooks::default())?;
+    session.snapshot(gpu)?.save(path).with_context(|| format!("saving the prefix cache {}", path.display()))?;
+    Ok(n)
+}
+
 fn figures(m: &Metrics) -> Vec<LayerFigures> {
     m.omitted_mass
         .iter()

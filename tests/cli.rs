@@ -240,3 +240,29 @@ fn view_opens_a_window_under_x() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stderr(&o).contains("frames drawn"), "{}", stderr(&o));
 }
+
+/// `--prefix-cache`: the first run computes and saves the prompt's prefix, a longer prompt
+/// starting with it restores it and gives the tokens of an uncached run; a prompt that does
+/// not extend the cached prefix is a clear error.
+#[test]
+fn generate_with_a_prefix_cache_matches_a_plain_run() {
+    if support::gpu().is_none() {
+        return;
+    }
+    let d = init_tiny("cli-prefix");
+    let cache = support::scratch("cli-prefix-cache").join("prefix.safetensors");
+    let c = cache.to_str().expect("utf-8 path");
+    let tokens = |prompt: &str, extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["generate", "--model", &d, "--prompt", prompt, "--max-tokens", "4", "--json"];
+        args.extend_from_slice(extra);
+        let o = k31(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(stdout(&o).trim()).expect("JSON")["tokens"].clone()
+    };
+    let shared = "The quick brown fox jumps over the lazy dog";
+    assert_eq!(tokens(shared, &["--prefix-cache", c]), tokens(shared, &[]), "run that writes the cache");
+    assert!(cache.exists());
+    let longer = format!("{shared} and then it runs away");
+    assert_eq!(tokens(&longer, &["--prefix-cache", c]), tokens(&longer, &[]), "run that restores the cache");
+    assert_clean_failure(&k31(&["generate", "--model", &d, "--prompt", "Something else", "--prefix-cache", c]), "does not begin this prompt");
+}
