@@ -331,6 +331,34 @@ fn gemv_fast_path_and_linear_match_reference() {
     }
 }
 
+/// Several matrices sharing x in one multi-matrix dispatch (more than four entries, one
+/// matrix split into row chunks) equal one reference GEMV each.
+#[test]
+fn gemv_many_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    let cols = 264;
+    let x = support::random_vec(5, cols);
+    let xb = gpu.storage_from("x", &x);
+    let shapes = [1usize, 17, 301, 40, 33, 96];
+    let mut ws = Vec::new();
+    let mut tensors = Vec::new();
+    for (i, &rows) in shapes.iter().enumerate() {
+        let w = bf16_round(&support::random_vec(10 + i as u64, rows * cols));
+        // The 301-row matrix in chunks of 64 rows, as a tensor past one binding would be.
+        let chunk = (rows == 301).then_some((64 * cols * 2) as u64);
+        tensors.push(GpuTensor::upload(&gpu, "w", DType::BF16, &[rows, cols], &bf16_bytes(&w), chunk).expect("upload"));
+        ws.push(w);
+    }
+    let ys: Vec<_> = shapes.iter().map(|&r| gpu.storage("y", (r * 4) as u64)).collect();
+    let pairs: Vec<_> = tensors.iter().zip(&ys).collect();
+    run(&gpu, |enc| gemv::gemv_many(&gpu, enc, &pairs, &xb, None).unwrap());
+    for (i, &rows) in shapes.iter().enumerate() {
+        let got: Vec<f32> = gpu.read(&ys[i], rows).unwrap();
+        let want = reference::gemv::gemv(&ws[i], rows, cols, &x);
+        assert!(support::nmse(&got, &want) < 1e-10, "matrix {i} [{rows}, {cols}]: nmse {}", support::nmse(&got, &want));
+    }
+}
+
 #[test]
 fn rms_norm_and_glu_match_reference() {
     let Some(gpu) = support::gpu() else { return };

@@ -9,7 +9,7 @@ use crate::config::{Activation, ExpertFormat, ModelConfig};
 use crate::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::layout::DType;
-use crate::ops::{elementwise::add, linear::linear, moe, norm::rms_norm, router::router_select};
+use crate::ops::{elementwise::add, gemv::gemv_many, linear::linear, moe, norm::rms_norm, router::router_select};
 
 struct Latent {
     down: GpuTensor,
@@ -108,15 +108,22 @@ impl MoeBlock {
         let n_in = self.cfg.expert_io(d);
         let buf = |label: &str, n: usize| gpu.scratch(label, (n * 4) as u64);
         let (logits, idx, wts) = (buf("router logits", t * e), buf("router idx", t * k), buf("router weights", t * k));
-        linear(gpu, enc, &self.gate, t, x, &logits, prof.as_deref_mut())?;
-        router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, prof.as_deref_mut())?;
-        let z_owned;
-        let z = match &self.latent {
-            Some(l) => {
-                z_owned = buf("latent z", t * n_in);
-                linear(gpu, enc, &l.down, t, x, &z_owned, prof.as_deref_mut())?;
-                &z_owned
+        let z_owned = self.latent.as_ref().map(|_| buf("latent z", t * n_in));
+        // Router logits and the latent down-projection both read x: one dispatch in decode.
+        let mut from_x = vec![(&self.gate, &logits)];
+        if let (Some(l), Some(z)) = (&self.latent, &z_owned) {
+            from_x.push((&l.down, z));
+        }
+        if t == 1 {
+            gemv_many(gpu, enc, &from_x, x, prof.as_deref_mut())?;
+        } else {
+            for (w, y) in &from_x {
+                linear(gpu, enc, w, t, x, y, prof.as_deref_mut())?;
             }
+        }
+        router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, prof.as_deref_mut())?;
+        let z = match &z_owned {
+            Some(z) => z,
             None => x,
         };
         let y = buf("experts out", t * n_in);

@@ -9,6 +9,11 @@ shader_params!(
     GemvParams in "gemv" { rows: u32, cols: u32, row_offset: u32, _pad: u32 }
 );
 
+shader_params!(
+    /// Mirrors `MultiParams` in shaders/gemv_multi.wgsl.
+    MultiParams in "gemv_multi" { cols: u32, _pad0: u32, _pad1: u32, _pad2: u32, start: [u32; 4], rows: [u32; 4], row_offset: [u32; 4] }
+);
+
 pub const GEMV_BF16: Kernel = Kernel::new("gemv_bf16", "gemv", "gemv_bf16");
 pub const GEMV_F32: Kernel = Kernel::new("gemv_f32", "gemv", "gemv_f32");
 /// 16-byte loads, `ROWS` rows per workgroup (cols % 8 == 0); variants for the bench.
@@ -29,6 +34,14 @@ pub const GEMV_BF16_SG_RS1: Kernel = sg("gemv_bf16_sg_rs1", &[("RS", 1.0), ("RPW
 pub const GEMV_BF16_SG_RS2: Kernel = sg("gemv_bf16_sg_rs2", &[("RS", 2.0), ("RPW", 16.0)]);
 pub const GEMV_BF16_SG_RS4: Kernel = sg("gemv_bf16_sg_rs4", &[("RS", 4.0), ("RPW", 32.0)]);
 pub const GEMV_BF16_SG: Kernel = GEMV_BF16_SG_RS2;
+/// Up to four matrices sharing x in one dispatch (gemv_multi.wgsl), 16 rows per workgroup.
+pub const GEMV_BF16_MULTI: Kernel = Kernel::new("gemv_bf16_multi", "gemv_multi", "gemv_bf16_sg_multi")
+    .with_constants(&[("RS", 2.0), ("RPW", 16.0)])
+    .subgroups()
+    .unchecked()
+    .profile_as("gemv_bf16");
+const MULTI_RPW: usize = 16;
+const MULTI_ENTRIES: usize = 4;
 pub const KERNELS: &[Kernel] = &[
     GEMV_BF16,
     GEMV_F32,
@@ -39,6 +52,7 @@ pub const KERNELS: &[Kernel] = &[
     GEMV_BF16_SG_RS1,
     GEMV_BF16_SG_RS2,
     GEMV_BF16_SG_RS4,
+    GEMV_BF16_MULTI,
 ];
 /// Every bf16 fast-path variant (cols % 8 == 0), for tests and benches.
 pub const FAST_VARIANTS: &[Kernel] =
@@ -103,6 +117,61 @@ pub fn gemv_variant(
         let params = GemvParams { rows: chunk.rows as u32, cols: cols as u32, row_offset: chunk.first_row as u32, _pad: 0 };
         let bufs = [(binding, &chunk.buffer), (if v4 { 6 } else { 2 }, x), (3, y)];
         gpu.dispatch(enc, &kernel, &params, &bufs, ((chunk.rows as u32).div_ceil(per), 1), profiler.as_deref_mut())?;
+    }
+    Ok(())
+}
+
+/// `y_i = W_i x` for every (W_i, y_i) of `pairs` (all bf16 with the same cols), in as few
+/// dispatches as the multi-matrix kernel allows (decode: the projections of one normed
+/// hidden state). Falls back to one [`gemv`] per matrix where that kernel cannot run.
+pub fn gemv_many(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    pairs: &[(&GpuTensor, &wgpu::Buffer)],
+    x: &wgpu::Buffer,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let cols = pairs.first().map_or(0, |(w, _)| w.shape.get(1).copied().unwrap_or(0));
+    let fits = gpu.caps.subgroups
+        && gpu.device.limits().max_storage_buffers_per_shader_stage >= 9
+        && cols % 8 == 0
+        && pairs.iter().all(|(w, _)| w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] == cols);
+    if !fits || pairs.len() < 2 {
+        for (w, y) in pairs {
+            gemv(gpu, enc, w, x, y, profiler.as_deref_mut())?;
+        }
+        return Ok(());
+    }
+    if x.size() < (cols * 4) as u64 {
+        return Err(GpuError::Shape(format!("gemv: x holds {} bytes, [*, {cols}] needs {}", x.size(), cols * 4)));
+    }
+    // One entry per (chunk of a matrix, its output), four per dispatch.
+    let mut entries = Vec::new();
+    for (w, y) in pairs {
+        if y.size() < (w.rows() * 4) as u64 {
+            return Err(GpuError::Shape(format!("gemv: output for {} [{}, {cols}] is too small", w.label, w.rows())));
+        }
+        entries.extend(w.chunks.iter().filter(|c| c.rows > 0).map(|c| (c, *y)));
+    }
+    // Unused slots bind placeholders, a distinct one per binding (no aliasing in a dispatch).
+    let placeholders: Vec<wgpu::Buffer> = (0..2 * MULTI_ENTRIES).map(|_| gpu.scratch("gemv_many placeholder", 16)).collect();
+    for group in entries.chunks(MULTI_ENTRIES) {
+        let mut p = MultiParams { cols: cols as u32, start: [u32::MAX; 4], ..Default::default() };
+        let mut blocks = 0usize;
+        let mut bufs: Vec<(u32, &wgpu::Buffer)> = vec![(1, x)];
+        for (e, (chunk, y)) in group.iter().enumerate() {
+            p.start[e] = blocks as u32;
+            p.rows[e] = chunk.rows as u32;
+            p.row_offset[e] = chunk.first_row as u32;
+            blocks += chunk.rows.div_ceil(MULTI_RPW);
+            bufs.push((2 + e as u32, &chunk.buffer));
+            bufs.push((6 + e as u32, *y));
+        }
+        for e in group.len()..MULTI_ENTRIES {
+            bufs.push((2 + e as u32, &placeholders[2 * e]));
+            bufs.push((6 + e as u32, &placeholders[2 * e + 1]));
+        }
+        gpu.dispatch(enc, &GEMV_BF16_MULTI, &p, &bufs, (blocks as u32, 1), profiler.as_deref_mut())?;
     }
     Ok(())
 }

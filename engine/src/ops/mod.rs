@@ -59,6 +59,7 @@ pub fn all_params() -> Vec<ParamsLayout> {
     let mut v = vec![
         layout_of::<copy::CopyParams>(),
         layout_of::<gemv::GemvParams>(),
+        layout_of::<gemv::MultiParams>(),
         layout_of::<embed::EmbedParams>(),
         layout_of::<elementwise::ElementwiseParams>(),
     ];
