@@ -55,36 +55,46 @@ impl Trace {
 }
 
 /// Writes a trace; also a [`SelectionSink`], so it can be handed to the engine directly.
+/// Lines are serialised and written on a thread of their own: the generating thread only
+/// copies each selection into a channel (JSON for 2048 positions per layer per token cost
+/// it about as much as a decode step of a small model).
 pub struct TraceWriter {
-    out: BufWriter<File>,
+    tx: Option<std::sync::mpsc::Sender<TraceLine>>,
+    writer: Option<std::thread::JoinHandle<Result<usize, std::io::Error>>>,
     path: PathBuf,
     seen: Vec<usize>,
-    error: Option<std::io::Error>,
-    lines: usize,
 }
 
 impl TraceWriter {
     pub fn create(path: &Path) -> Result<Self, ViewerError> {
         let file = File::create(path).map_err(|e| ViewerError::Io(path.to_path_buf(), e))?;
-        let mut w = TraceWriter { out: BufWriter::new(file), path: path.to_path_buf(), seen: Vec::new(), error: None, lines: 0 };
-        w.line(&TraceLine::Header { format: FORMAT.into(), version: VERSION });
+        let (tx, rx) = std::sync::mpsc::channel::<TraceLine>();
+        let writer = std::thread::spawn(move || -> Result<usize, std::io::Error> {
+            let mut out = BufWriter::new(file);
+            let mut lines = 0;
+            for l in rx {
+                serde_json::to_writer(&mut out, &l).map_err(std::io::Error::other)?;
+                out.write_all(b"\n")?;
+                lines += 1;
+            }
+            out.flush()?;
+            Ok(lines)
+        });
+        let mut w = TraceWriter { tx: Some(tx), writer: Some(writer), path: path.to_path_buf(), seen: Vec::new() };
+        w.line(TraceLine::Header { format: FORMAT.into(), version: VERSION });
         Ok(w)
     }
 
-    fn line(&mut self, l: &TraceLine) {
-        if self.error.is_some() {
-            return;
-        }
-        let r = serde_json::to_writer(&mut self.out, l).map_err(std::io::Error::other).and_then(|_| self.out.write_all(b"\n"));
-        match r {
-            Ok(()) => self.lines += 1,
-            Err(e) => self.error = Some(e),
+    fn line(&mut self, l: TraceLine) {
+        // A send fails only once the writer stopped on an error, which `finish` reports.
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(l);
         }
     }
 
     pub fn write_selection(&mut self, layer: usize, position: usize, positions: &[i32], scores: &[f32]) {
         let scores = scores.iter().map(|s| s.is_finite().then_some(*s)).collect();
-        self.line(&TraceLine::Selection { layer, position, positions: positions.to_vec(), scores });
+        self.line(TraceLine::Selection { layer, position, positions: positions.to_vec(), scores });
         if !self.seen.contains(&position) {
             self.seen.push(position);
         }
@@ -93,21 +103,22 @@ impl TraceWriter {
     /// Writes the text of every position recorded since the last call.
     pub fn end_step(&mut self, text: &dyn Fn(usize) -> String) {
         for position in std::mem::take(&mut self.seen) {
-            self.line(&TraceLine::Token { position, text: text(position) });
+            self.line(TraceLine::Token { position, text: text(position) });
         }
     }
 
     pub fn write_figures(&mut self, figures: &[LayerFigures]) {
-        self.line(&TraceLine::Figures { figures: figures.to_vec() });
+        self.line(TraceLine::Figures { figures: figures.to_vec() });
     }
 
-    /// Flushes; reports the first write error, if any.
+    /// Waits for the writer; reports the first write error, if any, and the lines written.
     pub fn finish(mut self) -> Result<usize, ViewerError> {
-        if let Some(e) = self.error.take() {
-            return Err(ViewerError::Io(self.path.clone(), e));
+        drop(self.tx.take());
+        let handle = self.writer.take().expect("the writer thread runs until finish");
+        match handle.join() {
+            Ok(r) => r.map_err(|e| ViewerError::Io(self.path.clone(), e)),
+            Err(_) => Err(ViewerError::Io(self.path.clone(), std::io::Error::other("the trace writer thread panicked"))),
         }
-        self.out.flush().map_err(|e| ViewerError::Io(self.path.clone(), e))?;
-        Ok(self.lines)
     }
 }
 
