@@ -35,7 +35,7 @@ struct KdaCoopParams {
 @group(0) @binding(7) var<storage, read_write> state: array<f32>; // [H, K, V]
 @group(0) @binding(8) var<storage, read_write> o: array<f32>;     // [T, H, V]
 
-const WG: u32 = 256u;
+const WG: u32 = 128u;    // 4 subgroups of 32: each has a tile in every phase; 6 workgroups per SM
 const CR: u32 = 64u;      // chunk rows (not `C`: that would shadow the role name)
 const BV: u32 = 16u;      // value columns per workgroup (one coop tile wide)
 const KMAX: u32 = 128u;   // largest head dim of this path
@@ -52,7 +52,7 @@ fn rows_in(n: u32) -> u32 {
     return min(CR, p.t_len - n * CR);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(128)
 fn kda_coop_scan(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,

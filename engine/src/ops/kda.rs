@@ -27,6 +27,10 @@ pub const KDA_CONV_SAVE: Kernel = Kernel::new("kda_conv_save", "kda", "kda_conv_
 /// Every index of the decode kernel is within the host-checked extents (`decode` checks
 /// all bindings), so it runs without wgpu's bounds checks.
 pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode").unchecked();
+/// The decode kernel with 16 value columns per workgroup (twice the workgroups, half the rows
+/// per thread); timed next to the default by benches/kda.rs.
+pub const KDA_DECODE_C16: Kernel =
+    Kernel::new("kda_decode_c16", "kda", "kda_decode").with_constants(&[("C4", 4.0)]).unchecked();
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
 pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
@@ -39,6 +43,7 @@ pub const KERNELS: &[Kernel] = &[
     KDA_PREP_SG,
     KDA_CONV_SAVE,
     KDA_DECODE,
+    KDA_DECODE_C16,
     KDA_GATED_NORM,
     KDA_CHUNK_CUMSUM,
     KDA_CHUNK_INTRA,
@@ -68,8 +73,24 @@ const COOP_BV: usize = 16;
 
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
-/// Value columns per decode workgroup (4 * C4 in kda.wgsl).
-const DECODE_COLS: usize = 32;
+/// Decode kernel variants: the kernel and its value columns per workgroup (4 * C4 in kda.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeVariant {
+    /// 32 columns per workgroup (the default).
+    C32,
+    /// 16 columns per workgroup.
+    C16,
+}
+
+impl DecodeVariant {
+    pub const ALL: [DecodeVariant; 2] = [DecodeVariant::C32, DecodeVariant::C16];
+    fn kernel(self) -> (&'static Kernel, usize) {
+        match self {
+            DecodeVariant::C32 => (&KDA_DECODE, 32),
+            DecodeVariant::C16 => (&KDA_DECODE_C16, 16),
+        }
+    }
+}
 /// Value columns per state / output workgroup (LANES in kda_chunk.wgsl).
 const LANES: usize = 16;
 
@@ -318,6 +339,23 @@ pub fn decode(
     o: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    decode_with(gpu, enc, DecodeVariant::C32, geom, pos, inp, ring, state, o, profiler)
+}
+
+/// [`decode`] through a given kernel variant.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_with(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    variant: DecodeVariant,
+    geom: &KdaGeom,
+    pos: u64,
+    inp: &KdaInputs,
+    ring: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
     check_inputs(geom, 1, inp, ring)?;
     let k = geom.head_dim;
     need(state, geom.heads * k * k, "state [H, K, V]")?;
@@ -334,7 +372,8 @@ pub fn decode(
         (8, state),
         (9, o),
     ];
-    dispatch(gpu, enc, &KDA_DECODE, &uniform, &bufs, geom.heads * k.div_ceil(DECODE_COLS), profiler)
+    let (kernel, cols) = variant.kernel();
+    dispatch(gpu, enc, kernel, &uniform, &bufs, geom.heads * k.div_ceil(cols), profiler)
 }
 
 /// One layer's decode in [`decode_one_pass`].
@@ -353,11 +392,13 @@ pub fn decode_one_pass(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
     geom: &KdaGeom,
+    variant: DecodeVariant,
     steps: &[DecodeStep],
     timestamp_writes: Option<wgpu::ComputePassTimestampWrites>,
 ) -> Result<(), GpuError> {
     let k = geom.head_dim;
-    let pipeline = gpu.pipelines.get(gpu, &KDA_DECODE)?;
+    let (kernel, cols) = variant.kernel();
+    let pipeline = gpu.pipelines.get(gpu, kernel)?;
     let mut binds = Vec::with_capacity(steps.len());
     for st in steps {
         check_inputs(geom, 1, &st.inp, st.ring)?;
@@ -384,7 +425,7 @@ pub fn decode_one_pass(
             entries: &e,
         }));
     }
-    let (gx, gy) = gpu.grid((geom.heads * k.div_ceil(DECODE_COLS)) as u32);
+    let (gx, gy) = gpu.grid((geom.heads * k.div_ceil(cols)) as u32);
     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kda_decode x layers"), timestamp_writes });
     pass.set_pipeline(&pipeline);
     for b in &binds {
