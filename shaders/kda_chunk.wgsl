@@ -138,6 +138,13 @@ fn kda_chunk_intra(
         workgroupBarrier();
         if (r < nv) {
             let a = r / SUB;
+            // This thread's row of the pre-scaled tiles, read once per tile (not once per j).
+            var lkr: array<f32, KT>;
+            var lqr: array<f32, KT>;
+            for (var cc = 0u; cc < KT; cc++) {
+                lkr[cc] = sh_big[O_LK + r * KT + cc];
+                lqr[cc] = sh_big[O_LQ + r * KT + cc];
+            }
             for (var m = 0u; m < 16u; m++) {
                 let j = jq + 4u * m;
                 if (j <= r) {
@@ -154,8 +161,8 @@ fn kda_chunk_intra(
                         let rb = ((a - 1u) * 48u + j) * KT;
                         for (var cc = 0u; cc < KT; cc++) {
                             let kj = sh_big[O_RK + rb + cc];
-                            sk += sh_big[O_LK + r * KT + cc] * kj;
-                            sq += sh_big[O_LQ + r * KT + cc] * kj;
+                            sk += lkr[cc] * kj;
+                            sq += lqr[cc] * kj;
                         }
                     }
                     akk[m] += sk;
