@@ -33,6 +33,32 @@ struct KdaChunkParams {
 @group(0) @binding(10) var<storage, read_write> aqk: array<f32>; // [N, H, C, C]
 @group(0) @binding(11) var<storage, read_write> state: array<f32>; // [H, K, V]
 @group(0) @binding(12) var<storage, read_write> o: array<f32>;   // [T, H, V]
+// HALF_OUT variant of kda_chunk_intra (for the coop scan): w, qg, kg as f16 pairs instead.
+@group(0) @binding(14) var<storage, read_write> w16: array<u32>;  // [T, H, K/2] packed f16
+@group(0) @binding(15) var<storage, read_write> qg16: array<u32>; // [T, H, K/2]
+@group(0) @binding(16) var<storage, read_write> kg16: array<u32>; // [T, H, K/2]
+
+// kda_chunk_intra writes w, qg, kg as packed f16 (bindings 14-16) instead of f32.
+override HALF_OUT: bool = false;
+
+// IEEE binary16 bits of x, round to nearest even (subnormals, overflow to inf). By hand:
+// naga's pack2x16float needs SHADER_FLOAT16_IN_FLOAT32, which not every backend has.
+fn f16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a >= 0x477ff000u) {
+        return sign | select(0x7c00u, 0x7e00u, a > 0x7f800000u);
+    }
+    if (a < 0x38800000u) {
+        return sign | u32(round(bitcast<f32>(a) * 16777216.0));
+    }
+    return sign | ((a + 0xfffu + ((a >> 13u) & 1u) - 0x38000000u) >> 13u);
+}
+
+fn pack_f16x2(x: vec2<f32>) -> u32 {
+    return f16_bits(x.x) | (f16_bits(x.y) << 16u);
+}
 
 const WG: u32 = 256u;
 const C: u32 = 64u;       // chunk rows
@@ -230,6 +256,66 @@ fn kda_chunk_intra(
     // loaded up front (independent loads), then a dense lower-triangular product; qg and kg
     // on the way.
     let glast = (t0 + nv - 1u) * hk + h * p.dk;
+    if (HALF_OUT) {
+        // Items 0 .. V-1: columns of u (f32, as below); V .. V + K/2 - 1: pairs of adjacent
+        // key channels, so w, qg and kg leave as packed f16 pairs.
+        for (var item = lid; item < p.dk + p.dk / 2u; item += WG) {
+            if (item < p.dk) {
+                var bcol: array<f32, 64>;
+                for (var rr = 0u; rr < C; rr++) {
+                    var x = 0.0;
+                    if (rr < nv) {
+                        x = v[(t0 + rr) * hk + h * p.dk + item];
+                    }
+                    bcol[rr] = sh_beta[rr] * x;
+                }
+                for (var rr = 0u; rr < nv; rr++) {
+                    var acc = 0.0;
+                    for (var mb = 0u; mb < C / SUB; mb++) {
+                        if (mb * SUB <= rr) {
+                            for (var mi = 0u; mi < SUB; mi++) {
+                                acc += sh_big[rr * C + mb * SUB + mi] * bcol[mb * SUB + mi];
+                            }
+                        }
+                    }
+                    u[(t0 + rr) * hk + h * p.dk + item] = acc;
+                }
+            } else {
+                let c0 = 2u * (item - p.dk);
+                var b0: array<f32, 64>;
+                var b1: array<f32, 64>;
+                let gl0 = gam[glast + c0];
+                let gl1 = gam[glast + c0 + 1u];
+                for (var rr = 0u; rr < C; rr++) {
+                    var x = vec2<f32>(0.0);
+                    if (rr < nv) {
+                        let at = (t0 + rr) * hk + h * p.dk + c0;
+                        let gr = vec2<f32>(gam[at], gam[at + 1u]);
+                        let kv = vec2<f32>(k[at], k[at + 1u]);
+                        let eg = exp(gr);
+                        x = kv * eg;
+                        qg16[at / 2u] = pack_f16x2(vec2<f32>(q[at], q[at + 1u]) * eg);
+                        kg16[at / 2u] = pack_f16x2(kv * exp(vec2<f32>(gl0, gl1) - gr));
+                    }
+                    b0[rr] = sh_beta[rr] * x.x;
+                    b1[rr] = sh_beta[rr] * x.y;
+                }
+                for (var rr = 0u; rr < nv; rr++) {
+                    var acc = vec2<f32>(0.0);
+                    for (var mb = 0u; mb < C / SUB; mb++) {
+                        if (mb * SUB <= rr) {
+                            for (var mi = 0u; mi < SUB; mi++) {
+                                let mm = sh_big[rr * C + mb * SUB + mi];
+                                acc += mm * vec2<f32>(b0[mb * SUB + mi], b1[mb * SUB + mi]);
+                            }
+                        }
+                    }
+                    w16[((t0 + rr) * hk + h * p.dk + c0) / 2u] = pack_f16x2(acc);
+                }
+            }
+        }
+        return;
+    }
     for (var col = lid; col < 2u * p.dk; col += WG) {
         var bcol: array<f32, 64>;
         let isk = col < p.dk;

@@ -10,8 +10,10 @@
 //   S stays f32 in workgroup memory (decay applied in f32 by SIMT code, then the kg^T U
 //   product is accumulated onto it); its f16 copy is the B operand of w S_n and qg S_n.
 //
-// Inputs come from kda_chunk_cumsum / kda_chunk_intra (f32): w, u, qg, kg [T, H, K], A_qk
-// [N, H, C, C] (zero above the diagonal and in rows past the end), Gamma [T, H, K].
+// Inputs come from kda_chunk_cumsum / kda_chunk_intra (its HALF_OUT variant): w, qg, kg
+// [T, H, K] as f16 (the operand precision anyway: half the bytes every value tile re-reads),
+// u [T, H, V] f32, A_qk [N, H, C, C] f32 (zero above the diagonal and in rows past the
+// end), Gamma [T, H, K] f32.
 // Preconditions (checked on the host): K = V, a multiple of 16, <= KMAX; the workgroup's
 // subgroups each run whole 16x16 tiles (any subgroup count works).
 
@@ -26,10 +28,10 @@ struct KdaCoopParams {
 }
 
 @group(0) @binding(0) var<uniform> p: KdaCoopParams;
-@group(0) @binding(1) var<storage, read> w4: array<vec4<f32>>;    // [T, H, K/4]
+@group(0) @binding(1) var<storage, read> w4: array<vec4<f16>>;    // [T, H, K/4]
 @group(0) @binding(2) var<storage, read> u: array<f32>;           // [T, H, V]
-@group(0) @binding(3) var<storage, read> qg4: array<vec4<f32>>;   // [T, H, K/4]
-@group(0) @binding(4) var<storage, read> kg4: array<vec4<f32>>;   // [T, H, K/4]
+@group(0) @binding(3) var<storage, read> qg4: array<vec4<f16>>;   // [T, H, K/4]
+@group(0) @binding(4) var<storage, read> kg4: array<vec4<f16>>;   // [T, H, K/4]
 @group(0) @binding(5) var<storage, read> aqk: array<f32>;         // [N, H, C, C]
 @group(0) @binding(6) var<storage, read> gam: array<f32>;         // [T, H, K] within-chunk cumsum
 @group(0) @binding(7) var<storage, read_write> state: array<f32>; // [H, K, V]
@@ -84,15 +86,15 @@ fn kda_coop_scan(
         for (var e = lid; e < CR * dk4; e += WG) {
             let r = e / dk4;
             let c4 = e % dk4;
-            var x = vec4<f32>(0.0);
+            var x = vec4<f16>(0.0);
             if (r < nv) {
                 x = w4[((t0 + r) * p.heads + h) * dk4 + c4];
             }
             let at = r * LDT + c4 * 4u;
-            t16[at] = f16(-x.x);
-            t16[at + 1u] = f16(-x.y);
-            t16[at + 2u] = f16(-x.z);
-            t16[at + 3u] = f16(-x.w);
+            t16[at] = -x.x;
+            t16[at + 1u] = -x.y;
+            t16[at + 2u] = -x.z;
+            t16[at + 3u] = -x.w;
         }
         for (var e = lid; e < CR * BV; e += WG) {
             let r = e / BV;
@@ -124,15 +126,15 @@ fn kda_coop_scan(
         for (var e = lid; e < CR * dk4; e += WG) {
             let r = e / dk4;
             let c4 = e % dk4;
-            var x = vec4<f32>(0.0);
+            var x = vec4<f16>(0.0);
             if (r < nv) {
                 x = kg4[((t0 + r) * p.heads + h) * dk4 + c4];
             }
             let at = r * LDT + c4 * 4u;
-            t16[at] = f16(x.x);
-            t16[at + 1u] = f16(x.y);
-            t16[at + 2u] = f16(x.z);
-            t16[at + 3u] = f16(x.w);
+            t16[at] = x.x;
+            t16[at + 1u] = x.y;
+            t16[at + 2u] = x.z;
+            t16[at + 3u] = x.w;
         }
         for (var e = lid; e < p.dk * BV; e += WG) {
             s32[e] *= sh_gl[e / BV];
@@ -153,15 +155,15 @@ fn kda_coop_scan(
         for (var e = lid; e < CR * dk4; e += WG) {
             let r = e / dk4;
             let c4 = e % dk4;
-            var x = vec4<f32>(0.0);
+            var x = vec4<f16>(0.0);
             if (r < nv) {
                 x = qg4[((t0 + r) * p.heads + h) * dk4 + c4];
             }
             let at = r * LDT + c4 * 4u;
-            t16[at] = f16(x.x);
-            t16[at + 1u] = f16(x.y);
-            t16[at + 2u] = f16(x.z);
-            t16[at + 3u] = f16(x.w);
+            t16[at] = x.x;
+            t16[at + 1u] = x.y;
+            t16[at + 2u] = x.z;
+            t16[at + 3u] = x.w;
         }
         workgroupBarrier();
         for (var i = sg; i < CR / 16u; i += nsg) {

@@ -230,6 +230,40 @@ fn coop_prefill_matches_reference() {
     assert!(worst <= 1e-2, "coop prefill: worst rel L2 {worst:.2e}");
 }
 
+/// The coop path's intra-chunk kernel (w, qg, kg as packed f16) is plain WGSL: it runs
+/// here and must agree with the f32 one (to f16 rounding; u stays f32 and must agree exactly).
+#[test]
+fn intra_f16_outputs_match_f32() {
+    let Some(gpu) = support::gpu() else { return };
+    for (seed, t, h, k, gate) in [(600, 200, 2, 128, BOUNDED), (601, 65, 3, 48, KdaGate::Softplus), (602, 100, 1, 256, BOUNDED), (603, 17, 2, 16, BOUNDED)] {
+        let core = random_core(seed, t, h, k, gate, false);
+        let g = &core.geom;
+        let mut outs = Vec::new();
+        for path in [ChunkPath::Simt, ChunkPath::Coop] {
+            let ring = gpu.storage("ring", (g.taps * 3 * g.proj() * 4) as u64);
+            let pre = Prepped::new(&gpu, g, t);
+            let scratch = ChunkScratch::for_path(&gpu, g, t, path).expect("scratch");
+            core.with_rows(&gpu, 0, t, |inp| {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                kda::prep(&gpu, &mut enc, g, t, 0, inp, &ring, &pre, None).expect("prep");
+                kda::chunk_intra_only(&gpu, &mut enc, path, g, &pre, &scratch).expect("intra");
+                gpu.queue.submit([enc.finish()]);
+            });
+            outs.push(scratch.read_intra(&gpu, g, t).expect("read"));
+        }
+        for (i, name) in ["w", "qg", "kg", "u"].iter().enumerate() {
+            let e = rel_l2(&outs[1][i], &outs[0][i]);
+            let tol = if i == 3 { 1e-6 } else { 5e-4 };
+            // The shader's own f32 -> f16 rounding (nearest even) against the half crate's.
+            let rne = |b: f32| if i == 3 { b } else { half::f16::from_f32(b).to_f32() };
+            let off = outs[1][i].iter().zip(&outs[0][i]).filter(|&(&a, &b)| a != rne(b)).count();
+            eprintln!("intra {name} T={t} H={h} K={k}: f16 vs f32 rel L2 {e:.2e}, {off} of {} differ from RNE", outs[0][i].len());
+            assert!(e < tol, "intra {name} (T={t} H={h} K={k}): f16 vs f32 {e:.2e}");
+            assert!(off * 100 <= outs[0][i].len(), "intra {name}: {off} values not rounded to nearest even");
+        }
+    }
+}
+
 #[test]
 fn prefill_then_decode_equals_longer_prefill() {
     let Some(gpu) = support::gpu() else { return };
