@@ -37,8 +37,9 @@ struct KdaChunkParams {
 @group(0) @binding(14) var<storage, read_write> w16: array<u32>;  // [T, H, K/2] packed f16
 @group(0) @binding(15) var<storage, read_write> qg16: array<u32>; // [T, H, K/2]
 @group(0) @binding(16) var<storage, read_write> kg16: array<u32>; // [T, H, K/2]
+@group(0) @binding(17) var<storage, read_write> aqk16: array<u32>; // [N, H, C, C/2]
 
-// kda_chunk_intra writes w, qg, kg as packed f16 (bindings 14-16) instead of f32.
+// kda_chunk_intra writes w, qg, kg, A_qk as packed f16 (bindings 14-17) instead of f32.
 override HALF_OUT: bool = false;
 
 // IEEE binary16 bits of x, round to nearest even (subnormals, overflow to inf). By hand:
@@ -203,9 +204,20 @@ fn kda_chunk_intra(
         let j = jq + 4u * m;
         let live = r < nv && j <= r;
         sh_akk[r * C + j] = select(0.0, sh_beta[r] * akk[m], live && j < r);
-        aqk[abase + r * C + j] = select(0.0, aq[m], live);
+        if (HALF_OUT) {
+            sh_big[r * C + j] = select(0.0, aq[m], live);
+        } else {
+            aqk[abase + r * C + j] = select(0.0, aq[m], live);
+        }
     }
     workgroupBarrier();
+    if (HALF_OUT) {
+        // A_qk leaves as f16 pairs (adjacent columns come from different threads: staged).
+        for (var e = lid; e < C * C / 2u; e += WG) {
+            aqk16[abase / 2u + e] = pack_f16x2(vec2<f32>(sh_big[2u * e], sh_big[2u * e + 1u]));
+        }
+        workgroupBarrier();
+    }
     // M = (I + A)^-1 (A = sh_akk, strictly lower, rows scaled by beta), blockwise in f32 (spec
     // 4.4): the 16x16 diagonal blocks by forward substitution, then the blocks at distance
     // d = 1, 2, 3 below the diagonal: M_ab = -M_aa sum_{m=b}^{a-1} A_am M_mb.

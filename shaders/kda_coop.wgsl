@@ -12,8 +12,8 @@
 //
 // Inputs come from kda_chunk_cumsum / kda_chunk_intra (its HALF_OUT variant): w, qg, kg
 // [T, H, K] as f16 (the operand precision anyway: half the bytes every value tile re-reads),
-// u [T, H, V] f32, A_qk [N, H, C, C] f32 (zero above the diagonal and in rows past the
-// end), Gamma [T, H, K] f32.
+// A_qk [N, H, C, C] f16 (zero above the diagonal and in rows past the end), u [T, H, V] f32,
+// Gamma [T, H, K] f32.
 // Preconditions (checked on the host): K = V, a multiple of 16, <= KMAX; the workgroup's
 // subgroups each run whole 16x16 tiles (any subgroup count works).
 
@@ -32,7 +32,7 @@ struct KdaCoopParams {
 @group(0) @binding(2) var<storage, read> u: array<f32>;           // [T, H, V]
 @group(0) @binding(3) var<storage, read> qg4: array<vec4<f16>>;   // [T, H, K/4]
 @group(0) @binding(4) var<storage, read> kg4: array<vec4<f16>>;   // [T, H, K/4]
-@group(0) @binding(5) var<storage, read> aqk: array<f32>;         // [N, H, C, C]
+@group(0) @binding(5) var<storage, read> aqk4: array<vec4<f16>>;  // [N, H, C, C/4]
 @group(0) @binding(6) var<storage, read> gam: array<f32>;         // [T, H, K] within-chunk cumsum
 @group(0) @binding(7) var<storage, read_write> state: array<f32>; // [H, K, V]
 @group(0) @binding(8) var<storage, read_write> o: array<f32>;     // [T, H, V]
@@ -178,8 +178,13 @@ fn kda_coop_scan(
         workgroupBarrier();
         // F: stage A_qk; the f16 copy of the new state; O += A_qk U (lower block triangle).
         let abase = (n * p.heads + h) * CR * CR;
-        for (var e = lid; e < CR * CR; e += WG) {
-            t16[(e / CR) * LDT + e % CR] = f16(aqk[abase + e]);
+        for (var e = lid; e < CR * CR / 4u; e += WG) {
+            let x = aqk4[abase / 4u + e];
+            let at = (e * 4u / CR) * LDT + (e * 4u) % CR;
+            t16[at] = x.x;
+            t16[at + 1u] = x.y;
+            t16[at + 2u] = x.z;
+            t16[at + 3u] = x.w;
         }
         for (var e = lid; e < p.dk * BV; e += WG) {
             s16[e] = f16(s32[e]);

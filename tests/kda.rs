@@ -251,7 +251,7 @@ fn intra_f16_outputs_match_f32() {
             });
             outs.push(scratch.read_intra(&gpu, g, t).expect("read"));
         }
-        for (i, name) in ["w", "qg", "kg", "u"].iter().enumerate() {
+        for (i, name) in ["w", "qg", "kg", "u", "A_qk"].iter().enumerate() {
             let e = rel_l2(&outs[1][i], &outs[0][i]);
             let tol = if i == 3 { 1e-6 } else { 5e-4 };
             // The shader's own f32 -> f16 rounding (nearest even) against the half crate's.

@@ -203,7 +203,7 @@ pub struct ChunkScratch {
     /// [N, H, K, V] state before each chunk (SIMT path only: the coop scan fuses the output).
     hs: Option<wgpu::Buffer>,
     /// Stand-ins for the bindings the chosen intra variant does not use.
-    dummies: [wgpu::Buffer; 3],
+    dummies: [wgpu::Buffer; 4],
     path: ChunkPath,
     t_len: usize,
 }
@@ -230,26 +230,27 @@ impl ChunkScratch {
             u: gpu.storage("kda u", n),
             qg: gpu.storage("kda qg", wn),
             kg: gpu.storage("kda kg", wn),
-            aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * 4) as u64),
+            aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * if path == ChunkPath::Simt { 4 } else { 2 }) as u64),
             hs: (path == ChunkPath::Simt).then(|| gpu.storage("kda chunk states", hs)),
-            dummies: [gpu.storage("kda unused", 16), gpu.storage("kda unused", 16), gpu.storage("kda unused", 16)],
+            dummies: std::array::from_fn(|_| gpu.storage("kda unused", 16)),
             path,
             t_len,
         })
     }
 
-    /// w, qg, kg, u [T, H, K] as f32 after a prefill's intra-chunk kernel (tests: the coop
+    /// w, qg, kg, u [T, H, K] and A_qk [N, H, C, C] as f32 after a prefill's intra-chunk kernel (tests: the coop
     /// path's packed f16 outputs are widened).
-    pub fn read_intra(&self, gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<[Vec<f32>; 4], GpuError> {
-        let n = t_len * geom.proj();
-        let wide = |b: &wgpu::Buffer| -> Result<Vec<f32>, GpuError> {
+    pub fn read_intra(&self, gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<[Vec<f32>; 5], GpuError> {
+        let wide = |b: &wgpu::Buffer, n: usize| -> Result<Vec<f32>, GpuError> {
             if self.path == ChunkPath::Simt {
                 gpu.read::<f32>(b, n)
             } else {
                 Ok(gpu.read::<u16>(b, n)?.into_iter().map(|x| half::f16::from_bits(x).to_f32()).collect())
             }
         };
-        Ok([wide(&self.w)?, wide(&self.qg)?, wide(&self.kg)?, gpu.read::<f32>(&self.u, n)?])
+        let n = t_len * geom.proj();
+        let na = t_len.div_ceil(CHUNK) * geom.heads * CHUNK * CHUNK;
+        Ok([wide(&self.w, n)?, wide(&self.qg, n)?, wide(&self.kg, n)?, gpu.read::<f32>(&self.u, n)?, wide(&self.aqk, na)?])
     }
 }
 
@@ -560,13 +561,13 @@ fn chunk_prefill_inner(
     let uniform = gpu.uniform("kda chunk params", &params);
     let s = scratch;
     dispatch(gpu, enc, &KDA_CHUNK_CUMSUM, &uniform, &[(4, &pre.g)], (nchunks * geom.proj()).div_ceil(256), profiler.as_deref_mut())?;
-    // The SIMT path's intra writes f32 w, qg, kg at 6, 8, 9; the coop path's packed f16 at
-    // 14-16; the other three bindings get stand-ins.
-    let [d0, d1, d2] = &s.dummies;
+    // The SIMT path's intra writes f32 w, qg, kg, A_qk at 6, 8, 9, 10; the coop path's packed
+    // f16 at 14-17; the other four bindings get stand-ins.
+    let [d0, d1, d2, d3] = &s.dummies;
     let (f32s, f16s, kernel) = if path == ChunkPath::Simt {
-        ([&s.w, &s.qg, &s.kg], [d0, d1, d2], &KDA_CHUNK_INTRA)
+        ([&s.w, &s.qg, &s.kg, &s.aqk], [d0, d1, d2, d3], &KDA_CHUNK_INTRA)
     } else {
-        ([d0, d1, d2], [&s.w, &s.qg, &s.kg], &KDA_CHUNK_INTRA_H)
+        ([d0, d1, d2, d3], [&s.w, &s.qg, &s.kg, &s.aqk], &KDA_CHUNK_INTRA_H)
     };
     let intra = [
         (1, &pre.q),
@@ -578,10 +579,11 @@ fn chunk_prefill_inner(
         (7, &s.u),
         (8, f32s[1]),
         (9, f32s[2]),
-        (10, &s.aqk),
+        (10, f32s[3]),
         (14, f16s[0]),
         (15, f16s[1]),
         (16, f16s[2]),
+        (17, f16s[3]),
     ];
     dispatch(gpu, enc, kernel, &uniform, &intra, nchunks * geom.heads, profiler.as_deref_mut())?;
     if !scan {
