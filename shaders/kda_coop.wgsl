@@ -104,8 +104,8 @@ fn kda_coop_scan(
             }
             scr[e] = x;
         }
-        if (lid < p.dk) {
-            sh_gl[lid] = exp(gam[(t0 + nv - 1u) * hk + h * p.dk + lid]);
+        for (var c = lid; c < p.dk; c += WG) {
+            sh_gl[c] = exp(gam[(t0 + nv - 1u) * hk + h * p.dk + c]);
         }
         workgroupBarrier();
         // B: U = u + (-w) S_n, one 16-row tile per subgroup.
