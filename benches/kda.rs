@@ -18,7 +18,7 @@
 use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
 use k31_engine::config::KdaGate;
 use k31_engine::gpu::{Gpu, GpuError, Profiler};
-use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeStep, KdaGeom, KdaInputs, Prepped};
+use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeStep, DecodeVariant, KdaGeom, KdaInputs, Prepped};
 use k31_engine::reference::kda as r;
 use k31_engine::wgpu;
 
@@ -160,33 +160,35 @@ fn main() -> anyhow::Result<()> {
     let row = per_row(format!("copy of one state ({:.1} MB), pass each", state_bytes as f64 / 1e6), t);
     row.print();
     rows.push(row);
-    let t = time_gpu(&gpu, 3, 20, |enc, mut prof| {
-        for ((s, rg), o) in states.iter().zip(&rings).zip(&os) {
-            kda::decode(&gpu, enc, &geom, 100, &inp, rg, s, o, prof.as_deref_mut())?;
-        }
-        Ok(())
-    })? / layers as f64;
-    let row = per_row(format!("kda decode {heads}x{dk} per layer, pass each"), t);
-    row.print();
-    note(&mut extra, "decode_pass_each_us", t * 1e6);
-    rows.push(row);
-    for (label, shared_o) in [("one pass, independent layers", false), ("one pass, shared o (ordered)", true)] {
-        let t = time_one_pass(&gpu, 20, |enc, ts| {
-            let steps: Vec<DecodeStep> = (0..layers)
-                .map(|l| DecodeStep {
-                    inp: KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &conv_w, a_log: &a_log, dt_bias: &dt_bias },
-                    ring: &rings[l],
-                    state: &states[l],
-                    o: if shared_o { &os[0] } else { &os[l] },
-                    pos: 100,
-                })
-                .collect();
-            kda::decode_one_pass(&gpu, enc, &geom, &steps, ts)
+    for dv in DecodeVariant::ALL {
+        let t = time_gpu(&gpu, 3, 20, |enc, mut prof| {
+            for ((s, rg), o) in states.iter().zip(&rings).zip(&os) {
+                kda::decode_with(&gpu, enc, dv, &geom, 100, &inp, rg, s, o, prof.as_deref_mut())?;
+            }
+            Ok(())
         })? / layers as f64;
-        let row = per_row(format!("kda decode per layer, {label}"), t);
+        let row = per_row(format!("kda decode [{dv:?}] per layer, pass each"), t);
         row.print();
-        note(&mut extra, &format!("decode_{}_us", if shared_o { "one_pass_ordered" } else { "one_pass_independent" }), t * 1e6);
+        note(&mut extra, &format!("decode_{dv:?}_pass_each_us"), t * 1e6);
         rows.push(row);
+        for (label, shared_o) in [("one pass, independent", false), ("one pass, ordered", true)] {
+            let t = time_one_pass(&gpu, 20, |enc, ts| {
+                let steps: Vec<DecodeStep> = (0..layers)
+                    .map(|l| DecodeStep {
+                        inp: KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &conv_w, a_log: &a_log, dt_bias: &dt_bias },
+                        ring: &rings[l],
+                        state: &states[l],
+                        o: if shared_o { &os[0] } else { &os[l] },
+                        pos: 100,
+                    })
+                    .collect();
+                kda::decode_one_pass(&gpu, enc, &geom, dv, &steps, ts)
+            })? / layers as f64;
+            let row = per_row(format!("kda decode [{dv:?}] per layer, {label}"), t);
+            row.print();
+            note(&mut extra, &format!("decode_{dv:?}_{}_us", if shared_o { "one_pass_ordered" } else { "one_pass_independent" }), t * 1e6);
+            rows.push(row);
+        }
     }
     // Check: decode vs prep + chunked prefill of the same single token, same ring and state.
     {
@@ -326,6 +328,21 @@ fn main() -> anyhow::Result<()> {
     );
     note(&mut extra, "token_by_token_us", t_tok * 1e6);
     note(&mut extra, "chunked_speedup", t_tok / t_best);
+
+    // Targets (issue #4) against this run's numbers.
+    let want_us = 2.0 * state_bytes as f64 / (0.7 * copy * 1e9) * 1e6;
+    println!("\n== targets ==");
+    for dv in DecodeVariant::ALL {
+        let get = |k: &str| extra.get(&format!("decode_{dv:?}_{k}_us")).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+        println!(
+            "decode [{dv:?}] per layer: {:.2} us pass each, {:.2} us one pass ordered, {:.2} us one pass independent; 70 % of copy = {want_us:.2} us",
+            get("pass_each"),
+            get("one_pass_ordered"),
+            get("one_pass_independent")
+        );
+    }
+    println!("prefill best path: {:.3} ms (target <= 2x fla chunk_kda, about 6.3 ms; fla measured 3.1 ms)", t_best * 1e3);
+    println!("chunked vs token-by-token: {:.1}x (target >= 20x)", t_tok / t_best);
 
     if let Some(path) = json_out {
         let mut j = serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows});

@@ -163,13 +163,15 @@ fn kda_conv_save(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_wor
 // so the state is read once, written once, and o needs no second reduction.
 // Ring slot pos % W is written with this token; slots of pos-1 .. pos-W+1 are only read,
 // so the workgroups of one head never race on the window.
-const C4: u32 = 8u;                 // vec4 value columns per decode workgroup
-const DGROUPS: u32 = 32u;           // key-row groups (C4 * DGROUPS = WG)
-const DRPT: u32 = 8u;               // max key rows per thread: 256 / DGROUPS
+// Variant knob (pipeline override): vec4 value columns per workgroup, 4 or 8. 8: 384
+// workgroups at 96 x 128, 4 rows per thread; 4: 768 workgroups, 2 rows per thread.
+override C4: u32 = 8u;
+override DGROUPS: u32 = 256u / C4;  // key-row groups (C4 * DGROUPS = WG)
+const DRPT: u32 = 8u;               // register rows per thread: 256 / DGROUPS <= C4 <= 8
 
 var<workgroup> sh_red: array<vec4<f32>, 768>;   // [3, DGROUPS, C4]: a_k | a_q | (|k|^2, |q|^2, q.k)
-var<workgroup> sh_v4: array<vec4<f32>, C4>;
-var<workgroup> sh_u4: array<vec4<f32>, C4>;     // u / |k| per vec4 column
+var<workgroup> sh_v4: array<vec4<f32>, 8>;      // [C4]
+var<workgroup> sh_u4: array<vec4<f32>, 8>;      // [C4] u / |k| per vec4 column
 
 @compute @workgroup_size(256)
 fn kda_decode(
@@ -192,7 +194,7 @@ fn kda_decode(
     // State loads first: row r of head h is dk4 vec4s at (h * dk + r) * dk4.
     let base = h * p.dk * dk4 + col4;
     var s: array<vec4<f32>, DRPT>;
-    for (var i = 0u; i < DRPT; i++) {
+    for (var i = 0u; i < C4; i++) {
         let r = grp + i * DGROUPS;
         if (r < p.dk && live) {
             s[i] = state[base + r * dk4];
@@ -226,7 +228,7 @@ fn kda_decode(
     var ak = vec4<f32>(0.0);
     var aq = vec4<f32>(0.0);
     var nrm = vec4<f32>(0.0);
-    for (var i = 0u; i < DRPT; i++) {
+    for (var i = 0u; i < C4; i++) {
         let r = grp + i * DGROUPS;
         if (r < p.dk) {
             let kr = sh_k[r];
@@ -242,11 +244,15 @@ fn kda_decode(
     sh_red[256u + at] = aq;
     sh_red[512u + at] = nrm;
     workgroupBarrier();
-    // Fold the 32 row groups to 8 (thread (j, c4) sums groups j, j + 8, j + 16, j + 24) ...
+    // Fold the row groups to 8 (thread (j, c4) sums groups j, j + 8, j + 16, ...) ...
     if (lid < 8u * C4) {
         for (var x = 0u; x < 3u; x++) {
             let b = x * 256u + lid;
-            sh_red[b] = sh_red[b] + sh_red[b + 64u] + sh_red[b + 128u] + sh_red[b + 192u];
+            var tot = sh_red[b];
+            for (var g = 8u; g < DGROUPS; g += 8u) {
+                tot += sh_red[b + g * C4];
+            }
+            sh_red[b] = tot;
         }
     }
     workgroupBarrier();
@@ -276,7 +282,7 @@ fn kda_decode(
     workgroupBarrier();
     if (live) {
         let u = sh_u4[c4];
-        for (var i = 0u; i < DRPT; i++) {
+        for (var i = 0u; i < C4; i++) {
             let r = grp + i * DGROUPS;
             if (r < p.dk) {
                 state[base + r * dk4] = s[i] + sh_k[r] * u;

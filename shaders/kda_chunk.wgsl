@@ -33,6 +33,33 @@ struct KdaChunkParams {
 @group(0) @binding(10) var<storage, read_write> aqk: array<f32>; // [N, H, C, C]
 @group(0) @binding(11) var<storage, read_write> state: array<f32>; // [H, K, V]
 @group(0) @binding(12) var<storage, read_write> o: array<f32>;   // [T, H, V]
+// HALF_OUT variant of kda_chunk_intra (for the coop scan): w, qg, kg as f16 pairs instead.
+@group(0) @binding(14) var<storage, read_write> w16: array<u32>;  // [T, H, K/2] packed f16
+@group(0) @binding(15) var<storage, read_write> qg16: array<u32>; // [T, H, K/2]
+@group(0) @binding(16) var<storage, read_write> kg16: array<u32>; // [T, H, K/2]
+@group(0) @binding(17) var<storage, read_write> aqk16: array<u32>; // [N, H, C, C/2]
+
+// kda_chunk_intra writes w, qg, kg, A_qk as packed f16 (bindings 14-17) instead of f32.
+override HALF_OUT: bool = false;
+
+// IEEE binary16 bits of x, round to nearest even (subnormals, overflow to inf). By hand:
+// naga's pack2x16float needs SHADER_FLOAT16_IN_FLOAT32, which not every backend has.
+fn f16_bits(x: f32) -> u32 {
+    let b = bitcast<u32>(x);
+    let sign = (b >> 16u) & 0x8000u;
+    let a = b & 0x7fffffffu;
+    if (a >= 0x477ff000u) {
+        return sign | select(0x7c00u, 0x7e00u, a > 0x7f800000u);
+    }
+    if (a < 0x38800000u) {
+        return sign | u32(round(bitcast<f32>(a) * 16777216.0));
+    }
+    return sign | ((a + 0xfffu + ((a >> 13u) & 1u) - 0x38000000u) >> 13u);
+}
+
+fn pack_f16x2(x: vec2<f32>) -> u32 {
+    return f16_bits(x.x) | (f16_bits(x.y) << 16u);
+}
 
 const WG: u32 = 256u;
 const C: u32 = 64u;       // chunk rows
@@ -138,6 +165,13 @@ fn kda_chunk_intra(
         workgroupBarrier();
         if (r < nv) {
             let a = r / SUB;
+            // This thread's row of the pre-scaled tiles, read once per tile (not once per j).
+            var lkr: array<f32, KT>;
+            var lqr: array<f32, KT>;
+            for (var cc = 0u; cc < KT; cc++) {
+                lkr[cc] = sh_big[O_LK + r * KT + cc];
+                lqr[cc] = sh_big[O_LQ + r * KT + cc];
+            }
             for (var m = 0u; m < 16u; m++) {
                 let j = jq + 4u * m;
                 if (j <= r) {
@@ -154,8 +188,8 @@ fn kda_chunk_intra(
                         let rb = ((a - 1u) * 48u + j) * KT;
                         for (var cc = 0u; cc < KT; cc++) {
                             let kj = sh_big[O_RK + rb + cc];
-                            sk += sh_big[O_LK + r * KT + cc] * kj;
-                            sq += sh_big[O_LQ + r * KT + cc] * kj;
+                            sk += lkr[cc] * kj;
+                            sq += lqr[cc] * kj;
                         }
                     }
                     akk[m] += sk;
@@ -170,9 +204,20 @@ fn kda_chunk_intra(
         let j = jq + 4u * m;
         let live = r < nv && j <= r;
         sh_akk[r * C + j] = select(0.0, sh_beta[r] * akk[m], live && j < r);
-        aqk[abase + r * C + j] = select(0.0, aq[m], live);
+        if (HALF_OUT) {
+            sh_big[r * C + j] = select(0.0, aq[m], live);
+        } else {
+            aqk[abase + r * C + j] = select(0.0, aq[m], live);
+        }
     }
     workgroupBarrier();
+    if (HALF_OUT) {
+        // A_qk leaves as f16 pairs (adjacent columns come from different threads: staged).
+        for (var e = lid; e < C * C / 2u; e += WG) {
+            aqk16[abase / 2u + e] = pack_f16x2(vec2<f32>(sh_big[2u * e], sh_big[2u * e + 1u]));
+        }
+        workgroupBarrier();
+    }
     // M = (I + A)^-1 (A = sh_akk, strictly lower, rows scaled by beta), blockwise in f32 (spec
     // 4.4): the 16x16 diagonal blocks by forward substitution, then the blocks at distance
     // d = 1, 2, 3 below the diagonal: M_ab = -M_aa sum_{m=b}^{a-1} A_am M_mb.
@@ -223,6 +268,66 @@ fn kda_chunk_intra(
     // loaded up front (independent loads), then a dense lower-triangular product; qg and kg
     // on the way.
     let glast = (t0 + nv - 1u) * hk + h * p.dk;
+    if (HALF_OUT) {
+        // Items 0 .. V-1: columns of u (f32, as below); V .. V + K/2 - 1: pairs of adjacent
+        // key channels, so w, qg and kg leave as packed f16 pairs.
+        for (var item = lid; item < p.dk + p.dk / 2u; item += WG) {
+            if (item < p.dk) {
+                var bcol: array<f32, 64>;
+                for (var rr = 0u; rr < C; rr++) {
+                    var x = 0.0;
+                    if (rr < nv) {
+                        x = v[(t0 + rr) * hk + h * p.dk + item];
+                    }
+                    bcol[rr] = sh_beta[rr] * x;
+                }
+                for (var rr = 0u; rr < nv; rr++) {
+                    var acc = 0.0;
+                    for (var mb = 0u; mb < C / SUB; mb++) {
+                        if (mb * SUB <= rr) {
+                            for (var mi = 0u; mi < SUB; mi++) {
+                                acc += sh_big[rr * C + mb * SUB + mi] * bcol[mb * SUB + mi];
+                            }
+                        }
+                    }
+                    u[(t0 + rr) * hk + h * p.dk + item] = acc;
+                }
+            } else {
+                let c0 = 2u * (item - p.dk);
+                var b0: array<f32, 64>;
+                var b1: array<f32, 64>;
+                let gl0 = gam[glast + c0];
+                let gl1 = gam[glast + c0 + 1u];
+                for (var rr = 0u; rr < C; rr++) {
+                    var x = vec2<f32>(0.0);
+                    if (rr < nv) {
+                        let at = (t0 + rr) * hk + h * p.dk + c0;
+                        let gr = vec2<f32>(gam[at], gam[at + 1u]);
+                        let kv = vec2<f32>(k[at], k[at + 1u]);
+                        let eg = exp(gr);
+                        x = kv * eg;
+                        qg16[at / 2u] = pack_f16x2(vec2<f32>(q[at], q[at + 1u]) * eg);
+                        kg16[at / 2u] = pack_f16x2(kv * exp(vec2<f32>(gl0, gl1) - gr));
+                    }
+                    b0[rr] = sh_beta[rr] * x.x;
+                    b1[rr] = sh_beta[rr] * x.y;
+                }
+                for (var rr = 0u; rr < nv; rr++) {
+                    var acc = vec2<f32>(0.0);
+                    for (var mb = 0u; mb < C / SUB; mb++) {
+                        if (mb * SUB <= rr) {
+                            for (var mi = 0u; mi < SUB; mi++) {
+                                let mm = sh_big[rr * C + mb * SUB + mi];
+                                acc += mm * vec2<f32>(b0[mb * SUB + mi], b1[mb * SUB + mi]);
+                            }
+                        }
+                    }
+                    w16[((t0 + rr) * hk + h * p.dk + c0) / 2u] = pack_f16x2(acc);
+                }
+            }
+        }
+        return;
+    }
     for (var col = lid; col < 2u * p.dk; col += WG) {
         var bcol: array<f32, 64>;
         let isk = col < p.dk;

@@ -10,8 +10,10 @@
 //   S stays f32 in workgroup memory (decay applied in f32 by SIMT code, then the kg^T U
 //   product is accumulated onto it); its f16 copy is the B operand of w S_n and qg S_n.
 //
-// Inputs come from kda_chunk_cumsum / kda_chunk_intra (f32): w, u, qg, kg [T, H, K], A_qk
-// [N, H, C, C] (zero above the diagonal and in rows past the end), Gamma [T, H, K].
+// Inputs come from kda_chunk_cumsum / kda_chunk_intra (its HALF_OUT variant): w, qg, kg
+// [T, H, K] as f16 (the operand precision anyway: half the bytes every value tile re-reads),
+// A_qk [N, H, C, C] f16 (zero above the diagonal and in rows past the end), u [T, H, V] f32,
+// Gamma [T, H, K] f32.
 // Preconditions (checked on the host): K = V, a multiple of 16, <= KMAX; the workgroup's
 // subgroups each run whole 16x16 tiles (any subgroup count works).
 
@@ -26,16 +28,16 @@ struct KdaCoopParams {
 }
 
 @group(0) @binding(0) var<uniform> p: KdaCoopParams;
-@group(0) @binding(1) var<storage, read> w4: array<vec4<f32>>;    // [T, H, K/4]
+@group(0) @binding(1) var<storage, read> w4: array<vec4<f16>>;    // [T, H, K/4]
 @group(0) @binding(2) var<storage, read> u: array<f32>;           // [T, H, V]
-@group(0) @binding(3) var<storage, read> qg4: array<vec4<f32>>;   // [T, H, K/4]
-@group(0) @binding(4) var<storage, read> kg4: array<vec4<f32>>;   // [T, H, K/4]
-@group(0) @binding(5) var<storage, read> aqk: array<f32>;         // [N, H, C, C]
+@group(0) @binding(3) var<storage, read> qg4: array<vec4<f16>>;   // [T, H, K/4]
+@group(0) @binding(4) var<storage, read> kg4: array<vec4<f16>>;   // [T, H, K/4]
+@group(0) @binding(5) var<storage, read> aqk4: array<vec4<f16>>;  // [N, H, C, C/4]
 @group(0) @binding(6) var<storage, read> gam: array<f32>;         // [T, H, K] within-chunk cumsum
 @group(0) @binding(7) var<storage, read_write> state: array<f32>; // [H, K, V]
 @group(0) @binding(8) var<storage, read_write> o: array<f32>;     // [T, H, V]
 
-const WG: u32 = 256u;
+const WG: u32 = 128u;    // 4 subgroups of 32: each has a tile in every phase; 6 workgroups per SM
 const CR: u32 = 64u;      // chunk rows (not `C`: that would shadow the role name)
 const BV: u32 = 16u;      // value columns per workgroup (one coop tile wide)
 const KMAX: u32 = 128u;   // largest head dim of this path
@@ -52,7 +54,7 @@ fn rows_in(n: u32) -> u32 {
     return min(CR, p.t_len - n * CR);
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(128)
 fn kda_coop_scan(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -84,15 +86,15 @@ fn kda_coop_scan(
         for (var e = lid; e < CR * dk4; e += WG) {
             let r = e / dk4;
             let c4 = e % dk4;
-            var x = vec4<f32>(0.0);
+            var x = vec4<f16>(0.0);
             if (r < nv) {
                 x = w4[((t0 + r) * p.heads + h) * dk4 + c4];
             }
             let at = r * LDT + c4 * 4u;
-            t16[at] = f16(-x.x);
-            t16[at + 1u] = f16(-x.y);
-            t16[at + 2u] = f16(-x.z);
-            t16[at + 3u] = f16(-x.w);
+            t16[at] = -x.x;
+            t16[at + 1u] = -x.y;
+            t16[at + 2u] = -x.z;
+            t16[at + 3u] = -x.w;
         }
         for (var e = lid; e < CR * BV; e += WG) {
             let r = e / BV;
@@ -102,8 +104,8 @@ fn kda_coop_scan(
             }
             scr[e] = x;
         }
-        if (lid < p.dk) {
-            sh_gl[lid] = exp(gam[(t0 + nv - 1u) * hk + h * p.dk + lid]);
+        for (var c = lid; c < p.dk; c += WG) {
+            sh_gl[c] = exp(gam[(t0 + nv - 1u) * hk + h * p.dk + c]);
         }
         workgroupBarrier();
         // B: U = u + (-w) S_n, one 16-row tile per subgroup.
@@ -124,15 +126,15 @@ fn kda_coop_scan(
         for (var e = lid; e < CR * dk4; e += WG) {
             let r = e / dk4;
             let c4 = e % dk4;
-            var x = vec4<f32>(0.0);
+            var x = vec4<f16>(0.0);
             if (r < nv) {
                 x = kg4[((t0 + r) * p.heads + h) * dk4 + c4];
             }
             let at = r * LDT + c4 * 4u;
-            t16[at] = f16(x.x);
-            t16[at + 1u] = f16(x.y);
-            t16[at + 2u] = f16(x.z);
-            t16[at + 3u] = f16(x.w);
+            t16[at] = x.x;
+            t16[at + 1u] = x.y;
+            t16[at + 2u] = x.z;
+            t16[at + 3u] = x.w;
         }
         for (var e = lid; e < p.dk * BV; e += WG) {
             s32[e] *= sh_gl[e / BV];
@@ -153,15 +155,15 @@ fn kda_coop_scan(
         for (var e = lid; e < CR * dk4; e += WG) {
             let r = e / dk4;
             let c4 = e % dk4;
-            var x = vec4<f32>(0.0);
+            var x = vec4<f16>(0.0);
             if (r < nv) {
                 x = qg4[((t0 + r) * p.heads + h) * dk4 + c4];
             }
             let at = r * LDT + c4 * 4u;
-            t16[at] = f16(x.x);
-            t16[at + 1u] = f16(x.y);
-            t16[at + 2u] = f16(x.z);
-            t16[at + 3u] = f16(x.w);
+            t16[at] = x.x;
+            t16[at + 1u] = x.y;
+            t16[at + 2u] = x.z;
+            t16[at + 3u] = x.w;
         }
         workgroupBarrier();
         for (var i = sg; i < CR / 16u; i += nsg) {
@@ -176,8 +178,13 @@ fn kda_coop_scan(
         workgroupBarrier();
         // F: stage A_qk; the f16 copy of the new state; O += A_qk U (lower block triangle).
         let abase = (n * p.heads + h) * CR * CR;
-        for (var e = lid; e < CR * CR; e += WG) {
-            t16[(e / CR) * LDT + e % CR] = f16(aqk[abase + e]);
+        for (var e = lid; e < CR * CR / 4u; e += WG) {
+            let x = aqk4[abase / 4u + e];
+            let at = (e * 4u / CR) * LDT + (e * 4u) % CR;
+            t16[at] = x.x;
+            t16[at + 1u] = x.y;
+            t16[at + 2u] = x.z;
+            t16[at + 3u] = x.w;
         }
         for (var e = lid; e < p.dk * BV; e += WG) {
             s16[e] = f16(s32[e]);

@@ -6,7 +6,7 @@ mod support;
 
 use k31_engine::config::{KdaGate, KdaOutputGate};
 use k31_engine::gpu::Gpu;
-use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, KdaGeom, KdaInputs, Prepped};
+use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeVariant, KdaGeom, KdaInputs, Prepped};
 use k31_engine::reference::kda as r;
 use support::golden;
 
@@ -71,11 +71,11 @@ impl Core {
     /// GPU: chunked prefill (SIMT path) of tokens [0, t), then `n` decode steps.
     /// Returns (o [t+n, H, V], state).
     fn gpu_run(&self, gpu: &Gpu, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
-        self.gpu_run_path(gpu, ChunkPath::Simt, t, n)
+        self.gpu_run_path(gpu, ChunkPath::Simt, DecodeVariant::C32, t, n)
     }
 
-    /// [`Core::gpu_run`] with the prefill through `path`.
-    fn gpu_run_path(&self, gpu: &Gpu, path: ChunkPath, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    /// [`Core::gpu_run`] with the prefill through `path` and the decode through `dv`.
+    fn gpu_run_path(&self, gpu: &Gpu, path: ChunkPath, dv: DecodeVariant, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
         let g = &self.geom;
         let (p, k, h) = (g.proj(), g.head_dim, g.heads);
         let ring = gpu.storage("ring", (g.taps * 3 * p * 4) as u64);
@@ -102,7 +102,7 @@ impl Core {
             let oi = gpu.storage("o step", (p * 4) as u64);
             self.with_rows(gpu, i, i + 1, |inp| {
                 let mut enc = gpu.device.create_command_encoder(&Default::default());
-                kda::decode(gpu, &mut enc, g, i as u64, inp, &ring, &state, &oi, None).expect("decode");
+                kda::decode_with(gpu, &mut enc, dv, g, i as u64, inp, &ring, &state, &oi, None).expect("decode");
                 enc.copy_buffer_to_buffer(&oi, 0, &o, ((i - t) * p * 4) as u64, (p * 4) as u64);
                 gpu.queue.submit([enc.finish()]);
             });
@@ -158,6 +158,21 @@ fn decode_matches_reference() {
     check_case(&gpu, 15, 0, 4, 3, 16, KdaGate::Softplus, true);
 }
 
+/// The 16-column decode variant (the default is tested through every other case).
+#[test]
+fn decode_c16_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    for (seed, n, h, k, gate, init) in
+        [(20, 5, 2, 16, BOUNDED, true), (21, 4, 3, 48, KdaGate::Softplus, false), (22, 3, 1, 256, BOUNDED, true), (23, 6, 4, 128, KdaGate::Softplus, true)]
+    {
+        let core = random_core(seed, n, h, k, gate, init);
+        let (want_o, want_s) = core.reference(n);
+        let (got_o, got_s) = core.gpu_run_path(&gpu, ChunkPath::Simt, DecodeVariant::C16, 0, n);
+        let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
+        assert!(eo <= TOL && es <= TOL, "c16 decode N={n} H={h} K={k}: o {eo:.2e} state {es:.2e}");
+    }
+}
+
 #[test]
 fn prefill_matches_reference() {
     let Some(gpu) = support::gpu() else { return };
@@ -206,13 +221,47 @@ fn coop_prefill_matches_reference() {
     for (i, &(t, n, h, k, gate, init)) in cases.iter().enumerate() {
         let core = random_core(300 + i as u64, t + n, h, k, gate, init);
         let (want_o, want_s) = core.reference(t + n);
-        let (got_o, got_s) = core.gpu_run_path(&gpu, ChunkPath::Coop, t, n);
+        let (got_o, got_s) = core.gpu_run_path(&gpu, ChunkPath::Coop, DecodeVariant::C32, t, n);
         let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
         eprintln!("coop T={t} N={n} H={h} K={k} {gate:?} init={init}: o {eo:.2e} state {es:.2e}");
         worst = worst.max(eo).max(es);
     }
     eprintln!("coop prefill: worst rel L2 {worst:.2e}");
     assert!(worst <= 1e-2, "coop prefill: worst rel L2 {worst:.2e}");
+}
+
+/// The coop path's intra-chunk kernel (w, qg, kg as packed f16) is plain WGSL: it runs
+/// here and must agree with the f32 one (to f16 rounding; u stays f32 and must agree exactly).
+#[test]
+fn intra_f16_outputs_match_f32() {
+    let Some(gpu) = support::gpu() else { return };
+    for (seed, t, h, k, gate) in [(600, 200, 2, 128, BOUNDED), (601, 65, 3, 48, KdaGate::Softplus), (602, 100, 1, 256, BOUNDED), (603, 17, 2, 16, BOUNDED)] {
+        let core = random_core(seed, t, h, k, gate, false);
+        let g = &core.geom;
+        let mut outs = Vec::new();
+        for path in [ChunkPath::Simt, ChunkPath::Coop] {
+            let ring = gpu.storage("ring", (g.taps * 3 * g.proj() * 4) as u64);
+            let pre = Prepped::new(&gpu, g, t);
+            let scratch = ChunkScratch::for_path(&gpu, g, t, path).expect("scratch");
+            core.with_rows(&gpu, 0, t, |inp| {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                kda::prep(&gpu, &mut enc, g, t, 0, inp, &ring, &pre, None).expect("prep");
+                kda::chunk_intra_only(&gpu, &mut enc, path, g, &pre, &scratch).expect("intra");
+                gpu.queue.submit([enc.finish()]);
+            });
+            outs.push(scratch.read_intra(&gpu, g, t).expect("read"));
+        }
+        for (i, name) in ["w", "qg", "kg", "u", "A_qk"].iter().enumerate() {
+            let e = rel_l2(&outs[1][i], &outs[0][i]);
+            let tol = if i == 3 { 1e-6 } else { 5e-4 };
+            // The shader's own f32 -> f16 rounding (nearest even) against the half crate's.
+            let rne = |b: f32| if i == 3 { b } else { half::f16::from_f32(b).to_f32() };
+            let off = outs[1][i].iter().zip(&outs[0][i]).filter(|&(&a, &b)| a != rne(b)).count();
+            eprintln!("intra {name} T={t} H={h} K={k}: f16 vs f32 rel L2 {e:.2e}, {off} of {} differ from RNE", outs[0][i].len());
+            assert!(e < tol, "intra {name} (T={t} H={h} K={k}): f16 vs f32 {e:.2e}");
+            assert!(off * 100 <= outs[0][i].len(), "intra {name}: {off} values not rounded to nearest even");
+        }
+    }
 }
 
 #[test]

@@ -27,9 +27,16 @@ pub const KDA_CONV_SAVE: Kernel = Kernel::new("kda_conv_save", "kda", "kda_conv_
 /// Every index of the decode kernel is within the host-checked extents (`decode` checks
 /// all bindings), so it runs without wgpu's bounds checks.
 pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode").unchecked();
+/// The decode kernel with 16 value columns per workgroup (twice the workgroups, half the rows
+/// per thread); timed next to the default by benches/kda.rs.
+pub const KDA_DECODE_C16: Kernel =
+    Kernel::new("kda_decode_c16", "kda", "kda_decode").with_constants(&[("C4", 4.0)]).unchecked();
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
 pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
+/// kda_chunk_intra writing w, qg, kg as packed f16 (the coop scan's operands).
+pub const KDA_CHUNK_INTRA_H: Kernel =
+    Kernel::new("kda_chunk_intra_h", "kda_chunk", "kda_chunk_intra").with_constants(&[("HALF_OUT", 1.0)]);
 pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", "kda_chunk_state");
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out");
 /// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
@@ -39,9 +46,11 @@ pub const KERNELS: &[Kernel] = &[
     KDA_PREP_SG,
     KDA_CONV_SAVE,
     KDA_DECODE,
+    KDA_DECODE_C16,
     KDA_GATED_NORM,
     KDA_CHUNK_CUMSUM,
     KDA_CHUNK_INTRA,
+    KDA_CHUNK_INTRA_H,
     KDA_CHUNK_STATE,
     KDA_CHUNK_OUT,
     KDA_COOP_SCAN,
@@ -68,8 +77,24 @@ const COOP_BV: usize = 16;
 
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
-/// Value columns per decode workgroup (4 * C4 in kda.wgsl).
-const DECODE_COLS: usize = 32;
+/// Decode kernel variants: the kernel and its value columns per workgroup (4 * C4 in kda.wgsl).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeVariant {
+    /// 32 columns per workgroup (the default).
+    C32,
+    /// 16 columns per workgroup.
+    C16,
+}
+
+impl DecodeVariant {
+    pub const ALL: [DecodeVariant; 2] = [DecodeVariant::C32, DecodeVariant::C16];
+    fn kernel(self) -> (&'static Kernel, usize) {
+        match self {
+            DecodeVariant::C32 => (&KDA_DECODE, 32),
+            DecodeVariant::C16 => (&KDA_DECODE_C16, 16),
+        }
+    }
+}
 /// Value columns per state / output workgroup (LANES in kda_chunk.wgsl).
 const LANES: usize = 16;
 
@@ -169,6 +194,7 @@ impl Prepped {
 
 /// Scratch of the chunked prefill for up to `t_len` tokens.
 pub struct ChunkScratch {
+    /// w, qg, kg [T, H, K]: f32 on the SIMT path, packed f16 on the coop path.
     w: wgpu::Buffer,
     u: wgpu::Buffer,
     qg: wgpu::Buffer,
@@ -176,6 +202,9 @@ pub struct ChunkScratch {
     aqk: wgpu::Buffer,
     /// [N, H, K, V] state before each chunk (SIMT path only: the coop scan fuses the output).
     hs: Option<wgpu::Buffer>,
+    /// Stand-ins for the bindings the chosen intra variant does not use.
+    dummies: [wgpu::Buffer; 4],
+    path: ChunkPath,
     t_len: usize,
 }
 
@@ -195,15 +224,33 @@ impl ChunkScratch {
         if big > gpu.caps.max_binding {
             return Err(GpuError::TooLarge { what: format!("kda prefill of {t_len} tokens (chunk scratch)"), needed: big, limit: gpu.caps.max_binding });
         }
+        let wn = if path == ChunkPath::Simt { n } else { n / 2 };
         Ok(ChunkScratch {
-            w: gpu.storage("kda w", n),
+            w: gpu.storage("kda w", wn),
             u: gpu.storage("kda u", n),
-            qg: gpu.storage("kda qg", n),
-            kg: gpu.storage("kda kg", n),
-            aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * 4) as u64),
+            qg: gpu.storage("kda qg", wn),
+            kg: gpu.storage("kda kg", wn),
+            aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * if path == ChunkPath::Simt { 4 } else { 2 }) as u64),
             hs: (path == ChunkPath::Simt).then(|| gpu.storage("kda chunk states", hs)),
+            dummies: std::array::from_fn(|_| gpu.storage("kda unused", 16)),
+            path,
             t_len,
         })
+    }
+
+    /// w, qg, kg, u [T, H, K] and A_qk [N, H, C, C] as f32 after a prefill's intra-chunk kernel (tests: the coop
+    /// path's packed f16 outputs are widened).
+    pub fn read_intra(&self, gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<[Vec<f32>; 5], GpuError> {
+        let wide = |b: &wgpu::Buffer, n: usize| -> Result<Vec<f32>, GpuError> {
+            if self.path == ChunkPath::Simt {
+                gpu.read::<f32>(b, n)
+            } else {
+                Ok(gpu.read::<u16>(b, n)?.into_iter().map(|x| half::f16::from_bits(x).to_f32()).collect())
+            }
+        };
+        let n = t_len * geom.proj();
+        let na = t_len.div_ceil(CHUNK) * geom.heads * CHUNK * CHUNK;
+        Ok([wide(&self.w, n)?, wide(&self.qg, n)?, wide(&self.kg, n)?, gpu.read::<f32>(&self.u, n)?, wide(&self.aqk, na)?])
     }
 }
 
@@ -318,6 +365,23 @@ pub fn decode(
     o: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    decode_with(gpu, enc, DecodeVariant::C32, geom, pos, inp, ring, state, o, profiler)
+}
+
+/// [`decode`] through a given kernel variant.
+#[allow(clippy::too_many_arguments)]
+pub fn decode_with(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    variant: DecodeVariant,
+    geom: &KdaGeom,
+    pos: u64,
+    inp: &KdaInputs,
+    ring: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
     check_inputs(geom, 1, inp, ring)?;
     let k = geom.head_dim;
     need(state, geom.heads * k * k, "state [H, K, V]")?;
@@ -334,7 +398,8 @@ pub fn decode(
         (8, state),
         (9, o),
     ];
-    dispatch(gpu, enc, &KDA_DECODE, &uniform, &bufs, geom.heads * k.div_ceil(DECODE_COLS), profiler)
+    let (kernel, cols) = variant.kernel();
+    dispatch(gpu, enc, kernel, &uniform, &bufs, geom.heads * k.div_ceil(cols), profiler)
 }
 
 /// One layer's decode in [`decode_one_pass`].
@@ -353,11 +418,13 @@ pub fn decode_one_pass(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
     geom: &KdaGeom,
+    variant: DecodeVariant,
     steps: &[DecodeStep],
     timestamp_writes: Option<wgpu::ComputePassTimestampWrites>,
 ) -> Result<(), GpuError> {
     let k = geom.head_dim;
-    let pipeline = gpu.pipelines.get(gpu, &KDA_DECODE)?;
+    let (kernel, cols) = variant.kernel();
+    let pipeline = gpu.pipelines.get(gpu, kernel)?;
     let mut binds = Vec::with_capacity(steps.len());
     for st in steps {
         check_inputs(geom, 1, &st.inp, st.ring)?;
@@ -384,7 +451,7 @@ pub fn decode_one_pass(
             entries: &e,
         }));
     }
-    let (gx, gy) = gpu.grid((geom.heads * k.div_ceil(DECODE_COLS)) as u32);
+    let (gx, gy) = gpu.grid((geom.heads * k.div_ceil(cols)) as u32);
     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kda_decode x layers"), timestamp_writes });
     pass.set_pipeline(&pipeline);
     for b in &binds {
@@ -441,16 +508,51 @@ pub fn chunk_prefill_with(
     scratch: &ChunkScratch,
     state: &wgpu::Buffer,
     o: &wgpu::Buffer,
-    mut profiler: Option<&mut Profiler>,
+    profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     if path == ChunkPath::Coop && !ChunkPath::available(gpu, geom).contains(&path) {
         return Err(GpuError::Shape(format!("kda prefill: no cooperative-matrix path on this adapter for K = {}", geom.head_dim)));
     }
+    chunk_prefill_inner(gpu, enc, path, geom, pre, scratch, state, o, true, profiler)
+}
+
+/// The intra-chunk part of `path` only (cumsum + intra: w, qg, kg, u and A_qk into
+/// `scratch`), on any adapter: the coop path's f16-output intra kernel is plain WGSL, so it is
+/// tested where the coop scan cannot run. `pre.g` becomes the within-chunk cumsum.
+pub fn chunk_intra_only(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    path: ChunkPath,
+    geom: &KdaGeom,
+    pre: &Prepped,
+    scratch: &ChunkScratch,
+) -> Result<(), GpuError> {
+    let dummy_state = gpu.storage("kda unused", (geom.heads * geom.head_dim * geom.head_dim * 4) as u64);
+    let dummy_o = gpu.storage("kda unused", (pre.t_len * geom.proj() * 4) as u64);
+    chunk_prefill_inner(gpu, enc, path, geom, pre, scratch, &dummy_state, &dummy_o, false, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn chunk_prefill_inner(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    path: ChunkPath,
+    geom: &KdaGeom,
+    pre: &Prepped,
+    scratch: &ChunkScratch,
+    state: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    scan: bool,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
     geom.check()?;
     let t = pre.t_len;
     let k = geom.head_dim;
     if t == 0 || scratch.t_len < t {
         return Err(GpuError::Shape(format!("kda prefill: {t} tokens with scratch for {}", scratch.t_len)));
+    }
+    if scratch.path != path {
+        return Err(GpuError::Shape(format!("kda prefill: {path:?} path with scratch made for {:?}", scratch.path)));
     }
     need(state, geom.heads * k * k, "state [H, K, V]")?;
     need(o, t * geom.proj(), "o [T, H, V]")?;
@@ -459,19 +561,34 @@ pub fn chunk_prefill_with(
     let uniform = gpu.uniform("kda chunk params", &params);
     let s = scratch;
     dispatch(gpu, enc, &KDA_CHUNK_CUMSUM, &uniform, &[(4, &pre.g)], (nchunks * geom.proj()).div_ceil(256), profiler.as_deref_mut())?;
+    // The SIMT path's intra writes f32 w, qg, kg, A_qk at 6, 8, 9, 10; the coop path's packed
+    // f16 at 14-17; the other four bindings get stand-ins.
+    let [d0, d1, d2, d3] = &s.dummies;
+    let (f32s, f16s, kernel) = if path == ChunkPath::Simt {
+        ([&s.w, &s.qg, &s.kg, &s.aqk], [d0, d1, d2, d3], &KDA_CHUNK_INTRA)
+    } else {
+        ([d0, d1, d2, d3], [&s.w, &s.qg, &s.kg, &s.aqk], &KDA_CHUNK_INTRA_H)
+    };
     let intra = [
         (1, &pre.q),
         (2, &pre.k),
         (3, &pre.v),
         (4, &pre.g),
         (5, &pre.beta),
-        (6, &s.w),
+        (6, f32s[0]),
         (7, &s.u),
-        (8, &s.qg),
-        (9, &s.kg),
-        (10, &s.aqk),
+        (8, f32s[1]),
+        (9, f32s[2]),
+        (10, f32s[3]),
+        (14, f16s[0]),
+        (15, f16s[1]),
+        (16, f16s[2]),
+        (17, f16s[3]),
     ];
-    dispatch(gpu, enc, &KDA_CHUNK_INTRA, &uniform, &intra, nchunks * geom.heads, profiler.as_deref_mut())?;
+    dispatch(gpu, enc, kernel, &uniform, &intra, nchunks * geom.heads, profiler.as_deref_mut())?;
+    if !scan {
+        return Ok(());
+    }
     if path == ChunkPath::Coop {
         let cp = KdaCoopParams { t_len: t as u32, heads: geom.heads as u32, dk: k as u32, nchunks: nchunks as u32 };
         let cu = gpu.uniform("kda coop params", &cp);
