@@ -58,7 +58,6 @@ pub const INDEX_SCORES_COOP_F16: Kernel =
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
 pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
 pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
-pub const TOPK_COLLECT: Kernel = Kernel::new("topk_collect", "topk", "topk_collect");
 pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
 pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
@@ -77,7 +76,6 @@ pub const KERNELS: &[Kernel] = &[
     TOPK_HIST,
     TOPK_HIST2,
     TOPK_HIST3,
-    TOPK_COLLECT,
     TOPK_RANK,
     MLA_ABSORB,
     MLA_ATTEND,
@@ -495,7 +493,7 @@ pub struct TopkScratch {
     hist: wgpu::Buffer,
     /// Per-row state words [rows, 16] (done counters zero between calls).
     state: wgpu::Buffer,
-    /// Per-workgroup digit-3 histograms and tie prefixes [rows, nwg * 257].
+    /// Per-workgroup boundary-key counts and lists [rows, nwg * (2048 + 1)].
     wgd: wgpu::Buffer,
     /// Unordered selection (key, position) [rows, 2k].
     list: wgpu::Buffer,
@@ -507,9 +505,9 @@ impl TopkScratch {
             return Err(shape_err(format!("top-k: k = {k} unsupported (1..={MAX_TOPK})")));
         }
         let nwg = row_len.div_ceil(TOPK_CHUNK).max(1);
-        let wgd_bytes = (rows * nwg * 257 * 4) as u64;
+        let wgd_bytes = (rows * nwg * (TOPK_CHUNK + 1) * 4) as u64;
         let hist_bytes = (rows * TOPK_HSTRIDE * 4) as u64;
-        for (what, bytes) in [("top-k per-workgroup histograms", wgd_bytes), ("top-k histograms", hist_bytes)] {
+        for (what, bytes) in [("top-k boundary lists", wgd_bytes), ("top-k histograms", hist_bytes)] {
             if bytes > gpu.caps.max_binding {
                 return Err(GpuError::TooLarge { what: what.into(), needed: bytes, limit: gpu.caps.max_binding });
             }
@@ -528,7 +526,7 @@ impl TopkScratch {
 
 /// Top-k of `n_rows` score rows (stride `row_stride`), row r valid on
 /// `[0, min(pos0 + r + 1, row_len))`. Writes sel [n_rows, k] i32 (score desc, position asc,
-/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, five dispatches (topk.wgsl).
+/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, four dispatches (topk.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn topk(
     gpu: &Gpu,
@@ -544,7 +542,7 @@ pub fn topk(
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     let k = scratch.k;
-    if n_rows == 0 || n_rows > scratch.rows || row_len > scratch.row_len || row_len > row_stride {
+    if n_rows == 0 || row_len == 0 || n_rows > scratch.rows || row_len > scratch.row_len || row_len > row_stride {
         return Err(shape_err(format!(
             "topk: {n_rows} rows of {row_len} (stride {row_stride}) with scratch for {} rows of {}",
             scratch.rows, scratch.row_len
@@ -570,11 +568,10 @@ pub fn topk(
     check_groups(gpu, "topk", [chunks, ry, rz])?;
     let (sc, st, wgd, list) = (&scratch.hist, &scratch.state, &scratch.wgd, &scratch.list);
     // Each entry point binds only what it uses (automatic layouts).
-    let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 5] = [
+    let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 4] = [
         (TOPK_HIST, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
         (TOPK_HIST2, vec![(0, &u), (1, scores), (2, sc), (3, st), (5, list)], chunks),
         (TOPK_HIST3, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, wgd), (5, list)], chunks),
-        (TOPK_COLLECT, vec![(0, &u), (1, scores), (3, st), (4, wgd), (5, list)], chunks),
         (TOPK_RANK, vec![(0, &u), (1, scores), (3, st), (5, list), (6, sel), (7, sel_score)], ranks),
     ];
     let mut prepared = Vec::with_capacity(steps.len());
