@@ -36,6 +36,9 @@ struct TopkParams {
     _p2: u32,
 }
 
+// ORDERED = false (the `_set` kernels): the passes write sel / sel_score directly, in no
+// particular order, and topk_rank is not run (sparse attention does not need the order).
+override ORDERED: bool = true;
 const WG: u32 = 256u;
 const ITEMS: u32 = 8u;
 const CHUNK: u32 = 2048u; // WG * ITEMS positions per workgroup
@@ -93,6 +96,11 @@ fn wg_scan(lid: u32, v: u32) -> vec2<u32> {
 fn okey(f: f32) -> u32 {
     let u = bitcast<u32>(f);
     return select(u | 0x80000000u, ~u, (u & 0x80000000u) != 0u);
+}
+
+// Inverse of okey.
+fn score_of(key: u32) -> f32 {
+    return bitcast<f32>(select(~key, key & 0x7fffffffu, (key & 0x80000000u) != 0u));
 }
 
 fn valid_len(row: u32) -> u32 {
@@ -190,8 +198,13 @@ fn emit(row: u32, mask: u32, keys: array<u32, ITEMS>, pos0: u32, step: u32, lid:
     for (var i = 0u; i < ITEMS; i++) {
         if ((mask & (1u << i)) != 0u) {
             if (o < p.k) {
-                list[lbase + 2u * o] = keys[i];
-                list[lbase + 2u * o + 1u] = pos0 + i * step;
+                if (ORDERED) {
+                    list[lbase + 2u * o] = keys[i];
+                    list[lbase + 2u * o + 1u] = pos0 + i * step;
+                } else {
+                    sel[row * p.k + o] = i32(pos0 + i * step);
+                    sel_score[row * p.k + o] = score_of(keys[i]);
+                }
             }
             o += 1u;
         }
@@ -256,6 +269,12 @@ fn topk_hist2(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             }
         }
         emit(row, all, keys, base + lid, WG, lid);
+        if (!ORDERED && wg.x == 0u) {
+            for (var i = valid + lid; i < p.k; i += WG) {
+                sel[row * p.k + i] = -1;
+                sel_score[row * p.k + i] = bitcast<f32>(0xff800000u);
+            }
+        }
         return;
     }
     zero_local(BINS, lid);

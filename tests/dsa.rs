@@ -58,7 +58,26 @@ fn gpu_topk(g: &Gpu, scores: &[f32], rows: usize, pos0: usize, row_len: usize, k
         }
         out = Some(r);
     }
-    out.expect("ran")
+    let (want_sel, want_sc) = out.expect("ran");
+    // The unordered form selects the same set, with each position's own score, -1 padded.
+    for _ in 0..2 {
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        dsa::topk_set(g, &mut enc, &scratch, &sb, row_len, rows, pos0, row_len, &sel, &sc, None).expect("topk_set");
+        g.queue.submit([enc.finish()]);
+        let got = g.read::<i32>(&sel, rows * k).expect("sel");
+        let got_sc = g.read::<f32>(&sc, rows * k).expect("scores");
+        for r in 0..rows {
+            let row = r * k..(r + 1) * k;
+            let mut a: Vec<(i32, u32)> = got[row.clone()].iter().zip(&got_sc[row.clone()]).map(|(&p, &s)| (p, s.to_bits())).collect();
+            let mut b: Vec<(i32, u32)> = want_sel[row.clone()].iter().zip(&want_sc[row.clone()]).map(|(&p, &s)| (p, s.to_bits())).collect();
+            let n = b.iter().filter(|x| x.0 >= 0).count();
+            assert!(a[n..].iter().all(|x| x.0 == -1), "topk_set row {r}: padding");
+            a.sort();
+            b.sort();
+            assert_eq!(a, b, "topk_set row {r}: set or scores differ from topk");
+        }
+    }
+    (want_sel, want_sc)
 }
 
 /// The reference top-k of the GPU's own f32 scores, -1 padded to k.

@@ -59,6 +59,8 @@ pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
 pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
 pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
 pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
+pub const TOPK_HIST2_SET: Kernel = Kernel::new("topk_hist2_set", "topk", "topk_hist2").with_constants(&[("ORDERED", 0.0)]);
+pub const TOPK_HIST3_SET: Kernel = Kernel::new("topk_hist3_set", "topk", "topk_hist3").with_constants(&[("ORDERED", 0.0)]);
 pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
 pub const MLA_ATTEND_GROUPED: Kernel = Kernel::new("mla_attend_grouped", "mla", "mla_attend_grouped");
@@ -77,6 +79,8 @@ pub const KERNELS: &[Kernel] = &[
     TOPK_HIST2,
     TOPK_HIST3,
     TOPK_RANK,
+    TOPK_HIST2_SET,
+    TOPK_HIST3_SET,
     MLA_ABSORB,
     MLA_ATTEND,
     MLA_ATTEND_GROUPED,
@@ -541,6 +545,44 @@ pub fn topk(
     sel_score: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    topk_impl(gpu, enc, true, scratch, scores, row_stride, n_rows, pos0, row_len, sel, sel_score, profiler)
+}
+
+/// [`topk`]'s selection as a set: the same positions (and their scores), in no particular
+/// order within the first min(k, valid) slots (-1 padded after). Three dispatches: what sparse
+/// attention needs when nobody reads the selection in rank order.
+#[allow(clippy::too_many_arguments)]
+pub fn topk_set(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    scratch: &TopkScratch,
+    scores: &wgpu::Buffer,
+    row_stride: usize,
+    n_rows: usize,
+    pos0: usize,
+    row_len: usize,
+    sel: &wgpu::Buffer,
+    sel_score: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    topk_impl(gpu, enc, false, scratch, scores, row_stride, n_rows, pos0, row_len, sel, sel_score, profiler)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn topk_impl(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    ordered: bool,
+    scratch: &TopkScratch,
+    scores: &wgpu::Buffer,
+    row_stride: usize,
+    n_rows: usize,
+    pos0: usize,
+    row_len: usize,
+    sel: &wgpu::Buffer,
+    sel_score: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
     let k = scratch.k;
     if n_rows == 0 || row_len == 0 || n_rows > scratch.rows || row_len > scratch.row_len || row_len > row_stride {
         return Err(shape_err(format!(
@@ -568,14 +610,15 @@ pub fn topk(
     check_groups(gpu, "topk", [chunks, ry, rz])?;
     let (sc, st, wgd, list) = (&scratch.hist, &scratch.state, &scratch.wgd, &scratch.list);
     // Each entry point binds only what it uses (automatic layouts).
+    let (hist2, hist3) = if ordered { (TOPK_HIST2, TOPK_HIST3) } else { (TOPK_HIST2_SET, TOPK_HIST3_SET) };
     let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 4] = [
         (TOPK_HIST, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
-        (TOPK_HIST2, vec![(0, &u), (1, scores), (2, sc), (3, st), (5, list)], chunks),
-        (TOPK_HIST3, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, wgd), (5, list)], chunks),
+        (hist2, vec![(0, &u), (1, scores), (2, sc), (3, st), (5, list), (6, sel), (7, sel_score)], chunks),
+        (hist3, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, wgd), (5, list), (6, sel), (7, sel_score)], chunks),
         (TOPK_RANK, vec![(0, &u), (1, scores), (3, st), (5, list), (6, sel), (7, sel_score)], ranks),
     ];
     let mut prepared = Vec::with_capacity(steps.len());
-    for (kernel, entries, gx) in &steps {
+    for (kernel, entries, gx) in steps.iter().take(if ordered { 4 } else { 3 }) {
         let pipeline = gpu.pipelines.get(gpu, kernel)?;
         let bind = make_bind(gpu, &pipeline, kernel, entries);
         prepared.push((pipeline, bind, *gx));
