@@ -236,6 +236,16 @@ fn main() -> anyhow::Result<()> {
                     err(&lse_ref, &lse, dims.heads)?
                 ),
             );
+            // The cliff lead: the same attention over the LAST k rows (one page, ~2.3 MB) instead of
+            // k rows spread over the whole cache. A large gap points at address translation.
+            if s >= 131072 {
+                let near: Vec<i32> = (0..k as i32).map(|j| (s - k) as i32 + j).collect();
+                let sel_near = gpu.storage_from("sel near", &near);
+                let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                    dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel_near, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
+                })?;
+                out.push((format!("sparse MLA 8 heads per workgroup, last {k} rows, S={s}"), t, (k * dims.width() * 2) as f64));
+            }
             Ok(out)
         };
         match run() {

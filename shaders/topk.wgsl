@@ -187,13 +187,18 @@ fn find_bin(off: u32, nb: u32, need: u32, lid: u32) -> vec2<u32> {
 // Appends this thread's marked items (bit i of mask: key keys[i] at position pos0 + i * step)
 // to the row's selection list: one scan, one reservation per workgroup.
 fn emit(row: u32, mask: u32, keys: array<u32, ITEMS>, pos0: u32, step: u32, lid: u32) {
-    let n = countOneBits(mask);
-    let sc = wg_scan(lid, n);
-    if (lid == 0u && sc.y > 0u) {
-        ctl[6] = atomicAdd(&state[row * ST + S_COUNT], sc.y);
+    let sc = wg_scan(lid, countOneBits(mask));
+    emit_at(row, mask, keys, pos0, step, lid, sc.x, sc.y);
+}
+
+// emit with this thread's exclusive prefix and the workgroup total already known (one scan
+// shared with other counts).
+fn emit_at(row: u32, mask: u32, keys: array<u32, ITEMS>, pos0: u32, step: u32, lid: u32, prefix: u32, total: u32) {
+    if (lid == 0u && total > 0u) {
+        ctl[6] = atomicAdd(&state[row * ST + S_COUNT], total);
     }
     workgroupBarrier();
-    var o = ctl[6] + sc.x;
+    var o = ctl[6] + prefix;
     let lbase = row * p.k * 2u;
     for (var i = 0u; i < ITEMS; i++) {
         if ((mask & (1u << i)) != 0u) {
@@ -351,10 +356,11 @@ fn topk_hist3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             }
         }
     }
-    emit(row, mask, keys, pos0, 1u, lid);
+    // One scan for both counts (each <= CHUNK): selected in the low 16 bits, boundary above.
+    let sc = wg_scan(lid, countOneBits(mask) | (countOneBits(bmask) << 16u));
+    emit_at(row, mask, keys, pos0, 1u, lid, sc.x & 0xffffu, sc.y & 0xffffu);
     let wbase = row * nwg.x * (CHUNK + 1u);
-    let sc = wg_scan(lid, countOneBits(bmask));
-    var o = wbase + nwg.x + wg.x * CHUNK + sc.x;
+    var o = wbase + nwg.x + wg.x * CHUNK + (sc.x >> 16u);
     for (var i = 0u; i < ITEMS; i++) {
         if ((bmask & (1u << i)) != 0u) {
             atomicStore(&wgd[o], pos0 + i);
@@ -362,7 +368,7 @@ fn topk_hist3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         }
     }
     if (lid == 0u) {
-        atomicStore(&wgd[wbase + wg.x], sc.y);
+        atomicStore(&wgd[wbase + wg.x], sc.y >> 16u);
     }
     let off = row * HSTRIDE + 2u * BINS;
     // BINS3 == WG: one bin per thread.
@@ -386,15 +392,15 @@ fn topk_hist3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         if (w < nwg.x) {
             c = atomicLoad(&wgd[wbase + w]);
         }
-        let f = wg_scan(lid, select(0u, 1u, c > 0u));
-        let e = wg_scan(lid, c);
+        // One scan: listing flags (<= 256) in the low 12 bits, counts (<= 256 * CHUNK) above.
+        let fe = wg_scan(lid, select(0u, 1u, c > 0u) | (c << 12u));
         if (c > 0u) {
-            nzw[f.x] = w;
-            nzo[f.x] = e.x;
+            nzw[fe.x & 0xfffu] = w;
+            nzo[fe.x & 0xfffu] = fe.x >> 12u;
         }
         if (lid == 0u) {
-            ctl[3] = f.y;
-            ctl[4] = e.y;
+            ctl[3] = fe.y & 0xfffu;
+            ctl[4] = fe.y >> 12u;
         }
         let nz = workgroupUniformLoad(&ctl[3]);
         let total = workgroupUniformLoad(&ctl[4]);
@@ -422,13 +428,19 @@ fn topk_hist3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
                 take = select(0u, 1u, key > kstar);
                 tie = select(0u, 1u, key == kstar);
             }
-            let ts = wg_scan(lid, tie);
-            if (tie == 1u && ties + ts.x < need3) {
+            // One scan: keys above K* in the low 16 bits, ties above. The first `rem` ties (in
+            // position order) are taken, so the tie part of a prefix is min(ties before, rem).
+            let ts = wg_scan(lid, take | (tie << 16u));
+            let rem = select(0u, need3 - ties, ties < need3);
+            let tie_before = ts.x >> 16u;
+            if (tie == 1u && tie_before < rem) {
                 take = 1u;
             }
             kk[0] = key;
-            emit(row, take, kk, pos, 1u, lid);
-            ties += ts.y;
+            let prefix = (ts.x & 0xffffu) + min(tie_before, rem);
+            let total = (ts.y & 0xffffu) + min(ts.y >> 16u, rem);
+            emit_at(row, take, kk, pos, 1u, lid, prefix, total);
+            ties += ts.y >> 16u;
         }
     }
 }
