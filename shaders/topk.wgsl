@@ -70,24 +70,32 @@ const S_NEED2: u32 = 7u;
 @group(0) @binding(7) var<storage, read_write> sel_score: array<f32>;
 
 var<workgroup> lh: array<atomic<u32>, BINS>;
-var<workgroup> scan: array<u32, WG>;
+var<workgroup> scan: array<u32, 512>; // two buffers of WG
 var<workgroup> ctl: array<u32, 8>;
 
 // Exclusive prefix sum of v over the workgroup: (exclusive prefix, total). Uniform control flow.
+// Radix-4 Hillis-Steele between two buffers: 4 rounds of one barrier each (WG = 4^4).
 fn wg_scan(lid: u32, v: u32) -> vec2<u32> {
     scan[lid] = v;
     workgroupBarrier();
-    for (var off = 1u; off < WG; off <<= 1u) {
-        var x = scan[lid];
+    var src = 0u;
+    for (var off = 1u; off < WG; off *= 4u) {
+        var x = scan[src + lid];
         if (lid >= off) {
-            x += scan[lid - off];
+            x += scan[src + lid - off];
         }
-        workgroupBarrier();
-        scan[lid] = x;
+        if (lid >= 2u * off) {
+            x += scan[src + lid - 2u * off];
+        }
+        if (lid >= 3u * off) {
+            x += scan[src + lid - 3u * off];
+        }
+        src = WG - src;
+        scan[src + lid] = x;
         workgroupBarrier();
     }
-    let incl = scan[lid];
-    let total = scan[WG - 1u];
+    let incl = scan[src + lid];
+    let total = scan[src + WG - 1u];
     workgroupBarrier();
     return vec2<u32>(incl - v, total);
 }
