@@ -51,10 +51,10 @@ pub const INDEX_SCORES_4X32: Kernel =
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q split into two f16 parts (about f32
 /// accuracy): the default where the adapter has them (see [`IndexVariant`]).
 pub const INDEX_SCORES_COOP: Kernel =
-    Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 1.0)]).coopmat();
+    Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 1.0)]).coopmat().subgroups();
 /// Same with q rounded to f16 (half the tensor-core work, ~5e-4 relative per head dot).
 pub const INDEX_SCORES_COOP_F16: Kernel =
-    Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 0.0)]).coopmat();
+    Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 0.0)]).coopmat().subgroups();
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
 pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
 pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
@@ -401,7 +401,12 @@ pub fn set_index_coop_groups(n: usize) -> usize {
 
 /// The coop indexer exists for 32 heads x 128 only and assumes 32-wide subgroups (8 per workgroup).
 pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool {
-    gpu.caps.coopmat && gpu.caps.subgroup_min == 32 && gpu.caps.subgroup_max == 32 && heads == 32 && head_dim == 128
+    gpu.caps.coopmat
+        && gpu.caps.subgroups
+        && gpu.caps.subgroup_min == 32
+        && gpu.caps.subgroup_max == 32
+        && heads == 32
+        && head_dim == 128
 }
 
 /// Indexer scores for `n_queries` queries at positions `q_pos0..`: scores[t, s] for
