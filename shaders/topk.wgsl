@@ -392,8 +392,18 @@ fn topk_hist3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let kstar = (b1 << 20u) | (b2 << 8u) | r.x;
     let need3 = r.y;
     clear_global(row * HSTRIDE + BINS, BINS + BINS3, lid);
-    var ties = 0u; // ties at K* taken so far (uniform)
+    // The walk stops once it has seen every boundary key above K* and the ties it takes (so
+    // a mass of tied scores costs about need3 keys, not the whole tie).
+    let need_above = need2 - need3;
+    var above = 0u; // boundary keys above K* seen so far
+    var ties = 0u; // ties at K* seen so far
+    if (lid == 0u) {
+        ctl[5] = 0u;
+    }
     for (var blk = 0u; blk < nwg.x; blk += WG) {
+        if (workgroupUniformLoad(&ctl[5]) != 0u) {
+            break;
+        }
         // Compact the workgroups of this block that listed boundary keys.
         let w = blk + lid;
         var c = 0u;
@@ -413,6 +423,9 @@ fn topk_hist3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         let nz = workgroupUniformLoad(&ctl[3]);
         let total = workgroupUniformLoad(&ctl[4]);
         for (var g0 = 0u; g0 < total; g0 += WG) {
+            if (workgroupUniformLoad(&ctl[5]) != 0u) {
+                break;
+            }
             let g = g0 + lid;
             var kk: array<u32, ITEMS>;
             var pos = 0u;
@@ -449,6 +462,10 @@ fn topk_hist3(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             let total = (ts.y & 0xffffu) + min(ts.y >> 16u, rem);
             emit_at(row, take, kk, pos, 1u, lid, prefix, total);
             ties += ts.y >> 16u;
+            above += ts.y & 0xffffu;
+            if (lid == 0u) {
+                ctl[5] = select(0u, 1u, above >= need_above && ties >= need3);
+            }
         }
     }
 }

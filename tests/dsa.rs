@@ -162,13 +162,20 @@ fn topk_radix_select_follows_the_tie_rule() {
     }
     // Rows past 256 workgroups of 2048 positions (the tie-prefix carry), quantised scores so
     // the k-th value is tied across many workgroups, and sparse ties near the boundary.
-    for (len, k, kind) in [(600_001usize, 2048usize, 0), (600_001, 2048, 1), (300_000, 1000, 4), (5000, 2048, 5)] {
+    // Kind 6: 600K zeros and 100 positive scores (the walk over the tie stops early); kind 7:
+    // 100K ties at 1.0 with 10 keys one ulp above at the very end (same top 24 key bits: the
+    // walk must reach them).
+    for (len, k, kind) in
+        [(600_001usize, 2048usize, 0), (600_001, 2048, 1), (300_000, 1000, 4), (5000, 2048, 5), (600_000, 2048, 6), (100_000, 2048, 7)]
+    {
         seed += 1;
         let mut v = random_vec(seed, len);
         match kind {
             1 => v.iter_mut().for_each(|x| *x = (*x * 64.0).round()),
             4 => v.iter_mut().for_each(|x| *x = (*x * 4096.0).round() / 4096.0),
             5 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i % 7 == 0 { 0.5 } else { *x * 0.4 }),
+            6 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i % 6000 == 17 { x.abs() + 0.1 } else { 0.0 }),
+            7 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i >= len - 10 { f32::from_bits(1.0f32.to_bits() + 1) } else { 1.0 }),
             _ => {}
         }
         let (sel, _) = gpu_topk(&g, &v, 1, len, len, k);
