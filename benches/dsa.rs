@@ -58,6 +58,19 @@ fn compare_scores(gpu: &Gpu, a: &wgpu::Buffer, b: &wgpu::Buffer, n: usize, sel_b
     Ok(text)
 }
 
+/// Like [`check_topk`] for the unordered form: the same set as the reference.
+fn check_topk_set(gpu: &Gpu, scores: &wgpu::Buffer, n: usize, sel: &wgpu::Buffer, k: usize) -> anyhow::Result<String> {
+    let v: Vec<f32> = gpu.read(scores, n)?;
+    let mut got: Vec<i32> = gpu.read(sel, k)?;
+    let row: Vec<f64> = v.iter().map(|&x| x as f64).collect();
+    let mut want: Vec<i32> = refdsa::topk(&row, n, k).iter().map(|&x| x as i32).collect();
+    want.resize(k, -1);
+    got.sort();
+    want.sort();
+    let bad = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+    Ok(if bad == 0 { "exact set".into() } else { format!("MISMATCH: sets differ ({bad} sorted slots)") })
+}
+
 thread_local! {
     /// Correctness checks run inside the bench (printed and saved with --json).
     static CHECKS: std::cell::RefCell<Vec<(String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -188,6 +201,10 @@ fn main() -> anyhow::Result<()> {
             let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, prof))?;
             out.push((format!("top-{k} of indexer scores, S={s}"), t, (s * 4) as f64));
             report_check(format!("top-{k} S={s} vs CPU reference"), check_topk(&gpu, &scores, s, &sel, k)?);
+            let sel_set = gpu.storage("sel set", (k * 4) as u64);
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::topk_set(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel_set, &sel_s, prof))?;
+            out.push((format!("top-{k} set (unordered) of indexer scores, S={s}"), t, (s * 4) as f64));
+            report_check(format!("top-{k} set S={s} vs CPU reference"), check_topk_set(&gpu, &scores, s, &sel_set, k)?);
             let mut cache = PagedRows::new(&gpu, "latent", dims.width(), 1024, s)?;
             cache.upload(&gpu, &random(s as u64 + 1, s * dims.width()))?;
             let qa = gpu.storage_from("qa", &random(3, dims.heads * dims.width()));
@@ -219,6 +236,16 @@ fn main() -> anyhow::Result<()> {
                     err(&lse_ref, &lse, dims.heads)?
                 ),
             );
+            // The cliff lead: the same attention over the LAST k rows (one page, ~2.3 MB) instead of
+            // k rows spread over the whole cache. A large gap points at address translation.
+            if s >= 131072 {
+                let near: Vec<i32> = (0..k as i32).map(|j| (s - k) as i32 + j).collect();
+                let sel_near = gpu.storage_from("sel near", &near);
+                let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                    dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel_near, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
+                })?;
+                out.push((format!("sparse MLA 8 heads per workgroup, last {k} rows, S={s}"), t, (k * dims.width() * 2) as f64));
+            }
             Ok(out)
         };
         match run() {
@@ -235,6 +262,9 @@ fn main() -> anyhow::Result<()> {
     let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
     push(&mut rows, format!("top-2048 of {n} random scores"), t, (n * 4) as f64);
     report_check(format!("top-2048 of {n} random vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
+    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk_set(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    push(&mut rows, format!("top-2048 set (unordered) of {n} random scores"), t, (n * 4) as f64);
+    report_check(format!("top-2048 set of {n} random vs CPU reference"), check_topk_set(&gpu, &scores, n, &sel, TOPK)?);
     // Worst case for the tie rule: scores on 129 levels, the 2048th tied with ~2300 others
     // spread over the whole row.
     let tied: Vec<f32> = random(10, n).iter().map(|x| (x * 64.0).round()).collect();

@@ -2,7 +2,8 @@
 // only (32 heads x 128): the same contract as index_scores in indexer.wgsl (its SIMT twin),
 //   I[t, s] = w_scale * sum_j w[t, j] * relu(q[t, j] . k[s])      for s <= q_pos0 + t, else -inf.
 //
-// Per workgroup (8 subgroups of 32; the host runs this only where the subgroup size is 32) and
+// Per workgroup (8 subgroups of 32; the host runs this only where the subgroup size is 32; needs
+// the subgroup feature for subgroup_id) and
 // query t (workgroup_id.y), tiles of TILE = 64 positions, grid-strided over the row:
 //   C[32 heads, 64 positions] = Q[32, 128] K^T[128, 64]
 // subgroup w owns heads 16 (w / 4) .. +15 and positions 16 (w % 4) .. +15 of the tile: its 8
@@ -143,7 +144,12 @@ fn kstep(acc: coop_mat16x16<f32, C>, ah: coop_mat16x16<f16, A>, al: coop_mat16x1
 }
 
 @compute @workgroup_size(256)
-fn index_scores_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn index_scores_coop(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+) {
     let t = wg.y;
     for (var i = lid; i < IH * ID / 4u; i += WG) {
         let x = q[t * (IH * ID / 4u) + i];
@@ -155,7 +161,8 @@ fn index_scores_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgrou
         ws[lid] = w[t * IH + lid] * p.w_scale;
     }
     workgroupBarrier();
-    let sg = lid / 32u;
+    // Subgroup sg (of 8: the host runs this kernel only where subgroups are 32 wide) owns one
+    // 16 x 16 output tile; coop operands are addressed by sg alone (subgroup-uniform).
     let mt = sg / 4u;
     let nt = sg % 4u;
     let ah0 = a_hi(mt, 0u);

@@ -263,6 +263,46 @@ var<workgroup> hm: array<f32, HG>;         // running max per head
 var<workgroup> hl: array<f32, HG>;         // running sum per head
 var<workgroup> hc: array<f32, HG>;         // this block's rescale per head
 
+const PF: u32 = 18u; // staged words per thread per block: BLOCK * 288 / WG
+
+var<workgroup> rpg: array<u32, 32>; // [2 slots][BLOCK] page of each row (NONE: no row)
+var<workgroup> rbs: array<u32, 32>; // [2 slots][BLOCK] first word of each row in its page
+
+// Selection entry idx (< r1) of query t as (page, first word) in slot `slot`, row lid.
+fn row_at(slot: u32, b: u32, r1: u32, t: u32, words: u32, lid: u32) {
+    let idx = b + lid;
+    var pos = NONE;
+    if (idx < r1) {
+        if (p.dense != 0u) {
+            pos = idx;
+        } else {
+            let s = sel[t * p.k + idx];
+            pos = select(NONE, u32(s), s >= 0);
+        }
+    }
+    if (pos == NONE) {
+        rpg[slot * BLOCK + lid] = NONE;
+        rbs[slot * BLOCK + lid] = 0u;
+    } else {
+        let at = locate(pos);
+        rpg[slot * BLOCK + lid] = at.x;
+        rbs[slot * BLOCK + lid] = at.y * words;
+    }
+}
+
+// Word i of the block whose rows are in `slot` (0 past the block or for a missing row).
+fn block_word(slot: u32, i: u32, words: u32) -> u32 {
+    if (i >= BLOCK * words) {
+        return 0u;
+    }
+    let rr = i / words;
+    let pg = rpg[slot * BLOCK + rr];
+    if (pg == NONE) {
+        return 0u;
+    }
+    return page_word(pg, rbs[slot * BLOCK + rr] + i - rr * words);
+}
+
 fn pacc(a: vec2<f32>, h: u32, r: u32, x: vec2<f32>) -> vec2<f32> {
     return a + pv[h * BLOCK + r] * x;
 }
@@ -306,39 +346,34 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
     var a5 = vec2<f32>(0.0);
     var a6 = vec2<f32>(0.0);
     var a7 = vec2<f32>(0.0);
+    // Rows of the first block, then its loads into registers; each iteration stages the
+    // registers, issues the next block's loads and computes while they are in flight.
+    if (lid < BLOCK) {
+        row_at(0u, r0, r1, t, words, lid);
+    }
+    workgroupBarrier();
+    var xs: array<u32, PF>;
+    for (var j = 0u; j < PF; j++) {
+        xs[j] = block_word(0u, j * WG + lid, words);
+    }
+    var slot = 0u;
     for (var b = r0; b < r1; b += BLOCK) {
         if (lid < BLOCK) {
-            let idx = b + lid;
-            var pos = NONE;
-            if (idx < r1) {
-                if (p.dense != 0u) {
-                    pos = idx;
-                } else {
-                    let s = sel[t * p.k + idx];
-                    pos = select(NONE, u32(s), s >= 0);
-                }
-            }
-            if (pos == NONE) {
-                rpage[lid] = NONE;
-                rbase[lid] = 0u;
-            } else {
-                let at = locate(pos);
-                rpage[lid] = at.x;
-                rbase[lid] = at.y * words;
+            row_at(1u - slot, b + BLOCK, r1, t, words, lid);
+        }
+        for (var j = 0u; j < PF; j++) {
+            let i = j * WG + lid;
+            if (i < BLOCK * words) {
+                let rr = i / words;
+                rows_g[rr * RSTRIDE + i - rr * words] = xs[j];
             }
         }
         workgroupBarrier();
-        for (var i = lid; i < BLOCK * words; i += WG) {
-            let rr = i / words;
-            let w = i - rr * words;
-            let pg = rpage[rr];
-            var x = 0u;
-            if (pg != NONE) {
-                x = page_word(pg, rbase[rr] + w);
+        if (b + BLOCK < r1) {
+            for (var j = 0u; j < PF; j++) {
+                xs[j] = block_word(1u - slot, j * WG + lid, words);
             }
-            rows_g[rr * RSTRIDE + w] = x;
         }
-        workgroupBarrier();
         var d = 0.0;
         let rb = lr * RSTRIDE;
         let qb = lh * QW;
@@ -352,7 +387,7 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
         if (lid < HG) {
             var mb = ninf;
             for (var r = 0u; r < BLOCK; r++) {
-                let v = select(ninf, lgb[lid * BLOCK + r] + lgb[BLOCK * HG + lid * BLOCK + r], rpage[r] != NONE);
+                let v = select(ninf, lgb[lid * BLOCK + r] + lgb[BLOCK * HG + lid * BLOCK + r], rpg[slot * BLOCK + r] != NONE);
                 pv[lid * BLOCK + r] = v;
                 mb = max(mb, v);
             }
@@ -400,6 +435,7 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
             }
         }
         workgroupBarrier();
+        slot = 1u - slot;
     }
     workgroupBarrier();
     let stride = p.latent + 2u;

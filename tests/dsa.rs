@@ -58,7 +58,26 @@ fn gpu_topk(g: &Gpu, scores: &[f32], rows: usize, pos0: usize, row_len: usize, k
         }
         out = Some(r);
     }
-    out.expect("ran")
+    let (want_sel, want_sc) = out.expect("ran");
+    // The unordered form selects the same set, with each position's own score, -1 padded.
+    for _ in 0..2 {
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        dsa::topk_set(g, &mut enc, &scratch, &sb, row_len, rows, pos0, row_len, &sel, &sc, None).expect("topk_set");
+        g.queue.submit([enc.finish()]);
+        let got = g.read::<i32>(&sel, rows * k).expect("sel");
+        let got_sc = g.read::<f32>(&sc, rows * k).expect("scores");
+        for r in 0..rows {
+            let row = r * k..(r + 1) * k;
+            let mut a: Vec<(i32, u32)> = got[row.clone()].iter().zip(&got_sc[row.clone()]).map(|(&p, &s)| (p, s.to_bits())).collect();
+            let mut b: Vec<(i32, u32)> = want_sel[row.clone()].iter().zip(&want_sc[row.clone()]).map(|(&p, &s)| (p, s.to_bits())).collect();
+            let n = b.iter().filter(|x| x.0 >= 0).count();
+            assert!(a[n..].iter().all(|x| x.0 == -1), "topk_set row {r}: padding");
+            a.sort();
+            b.sort();
+            assert_eq!(a, b, "topk_set row {r}: set or scores differ from topk");
+        }
+    }
+    (want_sel, want_sc)
 }
 
 /// The reference top-k of the GPU's own f32 scores, -1 padded to k.
@@ -143,13 +162,20 @@ fn topk_radix_select_follows_the_tie_rule() {
     }
     // Rows past 256 workgroups of 2048 positions (the tie-prefix carry), quantised scores so
     // the k-th value is tied across many workgroups, and sparse ties near the boundary.
-    for (len, k, kind) in [(600_001usize, 2048usize, 0), (600_001, 2048, 1), (300_000, 1000, 4), (5000, 2048, 5)] {
+    // Kind 6: 600K zeros and 100 positive scores (the walk over the tie stops early); kind 7:
+    // 100K ties at 1.0 with 10 keys one ulp above at the very end (same top 24 key bits: the
+    // walk must reach them).
+    for (len, k, kind) in
+        [(600_001usize, 2048usize, 0), (600_001, 2048, 1), (300_000, 1000, 4), (5000, 2048, 5), (600_000, 2048, 6), (100_000, 2048, 7)]
+    {
         seed += 1;
         let mut v = random_vec(seed, len);
         match kind {
             1 => v.iter_mut().for_each(|x| *x = (*x * 64.0).round()),
             4 => v.iter_mut().for_each(|x| *x = (*x * 4096.0).round() / 4096.0),
             5 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i % 7 == 0 { 0.5 } else { *x * 0.4 }),
+            6 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i % 6000 == 17 { x.abs() + 0.1 } else { 0.0 }),
+            7 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i >= len - 10 { f32::from_bits(1.0f32.to_bits() + 1) } else { 1.0 }),
             _ => {}
         }
         let (sel, _) = gpu_topk(&g, &v, 1, len, len, k);

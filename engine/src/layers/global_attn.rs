@@ -372,7 +372,12 @@ impl GlobalAttn {
                     copy_rows(&mut enc, &wi, wi_b, ih, t0, nb, false);
                     let s_len = qpos + nb;
                     dsa::index_scores(gpu, &mut enc, keys, ix.heads, qi_b, wi_b, scores, nb, qpos, s_len, s_len, prof.as_deref_mut())?;
-                    dsa::topk(gpu, &mut enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;
+                    // Rank order only for a sink that reads this layer; attention needs the set.
+                    if opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) {
+                        dsa::topk(gpu, &mut enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;
+                    } else {
+                        dsa::topk_set(gpu, &mut enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;
+                    }
                     Some((&sel, ix.topk))
                 }
                 _ => None,
@@ -451,7 +456,7 @@ impl GlobalAttn {
         dsa::mla_attention(gpu, &mut enc, &dm, &cache.latent, qa, None, &self.kv_b, None, &part_d, &o_d, &l_d, 1, qpos, None)?;
         dsa::mla_logits(gpu, &mut enc, &dm, &cache.latent, qa, &logits, 1, qpos, n_pos, None)?;
         // Every head row is fully valid: pos0 = n_pos makes valid = n_pos for all rows.
-        dsa::topk(gpu, &mut enc, scratch, &logits, n_pos, h, n_pos, n_pos, &asel, &ascore, None)?;
+        dsa::topk_set(gpu, &mut enc, scratch, &logits, n_pos, h, n_pos, n_pos, &asel, &ascore, None)?;
         gpu.queue.submit([enc.finish()]);
         let (os, ls, od, ld): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) =
             (gpu.read(&o_s, vo)?, gpu.read(&l_s, h)?, gpu.read(&o_d, vo)?, gpu.read(&l_d, h)?);

@@ -51,15 +51,16 @@ pub const INDEX_SCORES_4X32: Kernel =
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q split into two f16 parts (about f32
 /// accuracy): the default where the adapter has them (see [`IndexVariant`]).
 pub const INDEX_SCORES_COOP: Kernel =
-    Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 1.0)]).coopmat();
+    Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 1.0)]).coopmat().subgroups();
 /// Same with q rounded to f16 (half the tensor-core work, ~5e-4 relative per head dot).
 pub const INDEX_SCORES_COOP_F16: Kernel =
-    Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 0.0)]).coopmat();
+    Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 0.0)]).coopmat().subgroups();
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
 pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
 pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
-pub const TOPK_COLLECT: Kernel = Kernel::new("topk_collect", "topk", "topk_collect");
 pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
+pub const TOPK_HIST2_SET: Kernel = Kernel::new("topk_hist2_set", "topk", "topk_hist2").with_constants(&[("ORDERED", 0.0)]);
+pub const TOPK_HIST3_SET: Kernel = Kernel::new("topk_hist3_set", "topk", "topk_hist3").with_constants(&[("ORDERED", 0.0)]);
 pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
 pub const MLA_ATTEND_GROUPED: Kernel = Kernel::new("mla_attend_grouped", "mla", "mla_attend_grouped");
@@ -77,8 +78,9 @@ pub const KERNELS: &[Kernel] = &[
     TOPK_HIST,
     TOPK_HIST2,
     TOPK_HIST3,
-    TOPK_COLLECT,
     TOPK_RANK,
+    TOPK_HIST2_SET,
+    TOPK_HIST3_SET,
     MLA_ABSORB,
     MLA_ATTEND,
     MLA_ATTEND_GROUPED,
@@ -399,7 +401,12 @@ pub fn set_index_coop_groups(n: usize) -> usize {
 
 /// The coop indexer exists for 32 heads x 128 only and assumes 32-wide subgroups (8 per workgroup).
 pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool {
-    gpu.caps.coopmat && gpu.caps.subgroup_min == 32 && gpu.caps.subgroup_max == 32 && heads == 32 && head_dim == 128
+    gpu.caps.coopmat
+        && gpu.caps.subgroups
+        && gpu.caps.subgroup_min == 32
+        && gpu.caps.subgroup_max == 32
+        && heads == 32
+        && head_dim == 128
 }
 
 /// Indexer scores for `n_queries` queries at positions `q_pos0..`: scores[t, s] for
@@ -495,7 +502,7 @@ pub struct TopkScratch {
     hist: wgpu::Buffer,
     /// Per-row state words [rows, 16] (done counters zero between calls).
     state: wgpu::Buffer,
-    /// Per-workgroup digit-3 histograms and tie prefixes [rows, nwg * 257].
+    /// Per-workgroup boundary-key counts and lists [rows, nwg * (2048 + 1)].
     wgd: wgpu::Buffer,
     /// Unordered selection (key, position) [rows, 2k].
     list: wgpu::Buffer,
@@ -507,9 +514,9 @@ impl TopkScratch {
             return Err(shape_err(format!("top-k: k = {k} unsupported (1..={MAX_TOPK})")));
         }
         let nwg = row_len.div_ceil(TOPK_CHUNK).max(1);
-        let wgd_bytes = (rows * nwg * 257 * 4) as u64;
+        let wgd_bytes = (rows * nwg * (TOPK_CHUNK + 1) * 4) as u64;
         let hist_bytes = (rows * TOPK_HSTRIDE * 4) as u64;
-        for (what, bytes) in [("top-k per-workgroup histograms", wgd_bytes), ("top-k histograms", hist_bytes)] {
+        for (what, bytes) in [("top-k boundary lists", wgd_bytes), ("top-k histograms", hist_bytes)] {
             if bytes > gpu.caps.max_binding {
                 return Err(GpuError::TooLarge { what: what.into(), needed: bytes, limit: gpu.caps.max_binding });
             }
@@ -528,7 +535,7 @@ impl TopkScratch {
 
 /// Top-k of `n_rows` score rows (stride `row_stride`), row r valid on
 /// `[0, min(pos0 + r + 1, row_len))`. Writes sel [n_rows, k] i32 (score desc, position asc,
-/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, five dispatches (topk.wgsl).
+/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, four dispatches (topk.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn topk(
     gpu: &Gpu,
@@ -543,8 +550,46 @@ pub fn topk(
     sel_score: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    topk_impl(gpu, enc, true, scratch, scores, row_stride, n_rows, pos0, row_len, sel, sel_score, profiler)
+}
+
+/// [`topk`]'s selection as a set: the same positions (and their scores), in no particular
+/// order within the first min(k, valid) slots (-1 padded after). Three dispatches: what sparse
+/// attention needs when nobody reads the selection in rank order.
+#[allow(clippy::too_many_arguments)]
+pub fn topk_set(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    scratch: &TopkScratch,
+    scores: &wgpu::Buffer,
+    row_stride: usize,
+    n_rows: usize,
+    pos0: usize,
+    row_len: usize,
+    sel: &wgpu::Buffer,
+    sel_score: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    topk_impl(gpu, enc, false, scratch, scores, row_stride, n_rows, pos0, row_len, sel, sel_score, profiler)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn topk_impl(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    ordered: bool,
+    scratch: &TopkScratch,
+    scores: &wgpu::Buffer,
+    row_stride: usize,
+    n_rows: usize,
+    pos0: usize,
+    row_len: usize,
+    sel: &wgpu::Buffer,
+    sel_score: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
     let k = scratch.k;
-    if n_rows == 0 || n_rows > scratch.rows || row_len > scratch.row_len || row_len > row_stride {
+    if n_rows == 0 || row_len == 0 || n_rows > scratch.rows || row_len > scratch.row_len || row_len > row_stride {
         return Err(shape_err(format!(
             "topk: {n_rows} rows of {row_len} (stride {row_stride}) with scratch for {} rows of {}",
             scratch.rows, scratch.row_len
@@ -570,15 +615,15 @@ pub fn topk(
     check_groups(gpu, "topk", [chunks, ry, rz])?;
     let (sc, st, wgd, list) = (&scratch.hist, &scratch.state, &scratch.wgd, &scratch.list);
     // Each entry point binds only what it uses (automatic layouts).
-    let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 5] = [
+    let (hist2, hist3) = if ordered { (TOPK_HIST2, TOPK_HIST3) } else { (TOPK_HIST2_SET, TOPK_HIST3_SET) };
+    let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 4] = [
         (TOPK_HIST, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
-        (TOPK_HIST2, vec![(0, &u), (1, scores), (2, sc), (3, st), (5, list)], chunks),
-        (TOPK_HIST3, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, wgd), (5, list)], chunks),
-        (TOPK_COLLECT, vec![(0, &u), (1, scores), (3, st), (4, wgd), (5, list)], chunks),
+        (hist2, vec![(0, &u), (1, scores), (2, sc), (3, st), (5, list), (6, sel), (7, sel_score)], chunks),
+        (hist3, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, wgd), (5, list), (6, sel), (7, sel_score)], chunks),
         (TOPK_RANK, vec![(0, &u), (1, scores), (3, st), (5, list), (6, sel), (7, sel_score)], ranks),
     ];
     let mut prepared = Vec::with_capacity(steps.len());
-    for (kernel, entries, gx) in &steps {
+    for (kernel, entries, gx) in steps.iter().take(if ordered { 4 } else { 3 }) {
         let pipeline = gpu.pipelines.get(gpu, kernel)?;
         let bind = make_bind(gpu, &pipeline, kernel, entries);
         prepared.push((pipeline, bind, *gx));
