@@ -46,40 +46,44 @@ fn source(j: u32, t: u32, i: u32) -> f32 {
 }
 
 // Two passes, both wide (one workgroup per token with a serial loop over the sources and
-// d-strided loads was latency-bound: ~36 us per call at d = 7168 on an H200):
-//   attn_res_logits, grid (n, T): raw logit s_j of one (source, token) -> alpha[T*n + t*n + j];
-//   attn_res_mix, grid (ceil(d / CHUNK), T): every workgroup takes the softmax of the n logits
-//   and mixes its CHUNK columns; chunk 0 also writes alpha[t*n + j].
-// alpha therefore holds 2 * T * n floats (softmax weights, then raw logits).
+// d-strided loads was latency-bound: ~36 us per call at d = 7168 on an H200; one workgroup
+// per source still ~22 us):
+//   attn_res_sums, grid (n * chunks, T), chunks = ceil(d / CHUNK): the sum of squares and
+//     the dot with gamma * proj of one CHUNK of one source -> alpha[T*n + ((t*n + j)*chunks + c)*2 + {0,1}];
+//   attn_res_mix, grid (chunks, T): every workgroup adds the partial sums, takes the softmax of
+//     the n logits and mixes its CHUNK columns; chunk 0 also writes alpha[t*n + j].
+// alpha therefore holds T * n * (1 + 2 * chunks) floats (weights, then partial sums).
 
 const CHUNK: u32 = 1024u;
-// Loads each thread keeps in flight per step of the logit pass.
-const UNROLL: u32 = 8u;
+
+fn chunks() -> u32 {
+    return (p.d + CHUNK - 1u) / CHUNK;
+}
 
 @compute @workgroup_size(256)
-fn attn_res_logits(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let j = wg.x;
-    let t = wg.y;
+fn attn_res_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = p.n_bank + 1u;
+    let nc = chunks();
+    let j = wg.x / nc;
+    let c = wg.x % nc;
+    let t = wg.y;
     if (j >= n || t >= p.tokens) {
         return;
     }
+    var v: array<f32, 4>;
+    var w: array<f32, 4>;
+    for (var k = 0u; k < CHUNK / WG; k++) {
+        let i = c * CHUNK + k * WG + lid;
+        if (i < p.d) {
+            v[k] = source(j, t, i);
+            w[k] = bf16_at(0u, i) * bf16_at(1u, i);
+        }
+    }
     var ss = 0.0;
     var dq = 0.0;
-    for (var i0 = 0u; i0 < p.d; i0 += WG * UNROLL) {
-        var v: array<f32, UNROLL>;
-        var c: array<f32, UNROLL>;
-        for (var k = 0u; k < UNROLL; k++) {
-            let i = i0 + k * WG + lid;
-            if (i < p.d) {
-                v[k] = source(j, t, i);
-                c[k] = bf16_at(0u, i) * bf16_at(1u, i);
-            }
-        }
-        for (var k = 0u; k < UNROLL; k++) {
-            ss += v[k] * v[k];
-            dq += v[k] * c[k];
-        }
+    for (var k = 0u; k < CHUNK / WG; k++) {
+        ss += v[k] * v[k];
+        dq += v[k] * w[k];
     }
     red[lid] = ss;
     red[WG + lid] = dq;
@@ -92,7 +96,9 @@ fn attn_res_logits(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocati
         workgroupBarrier();
     }
     if (lid == 0u) {
-        alpha[p.tokens * n + t * n + j] = red[WG] * inverseSqrt(red[0] / f32(p.d) + p.eps);
+        let at = p.tokens * n + ((t * n + j) * nc + c) * 2u;
+        alpha[at] = red[0];
+        alpha[at + 1u] = red[WG];
     }
 }
 
@@ -103,18 +109,27 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         return;
     }
     let n = p.n_bank + 1u;
-    let raw = p.tokens * n + t * n;
+    let nc = chunks();
+    // Logits from the partial sums (every thread; the chunks are added in a fixed order).
     var wj: array<f32, MAX_SOURCES>;
-    var m = alpha[raw];
-    for (var j = 1u; j < MAX_SOURCES; j++) {
+    var m = -3.40282347e38;
+    for (var j = 0u; j < MAX_SOURCES; j++) {
         if (j < n) {
-            m = max(m, alpha[raw + j]);
+            var ss = 0.0;
+            var dq = 0.0;
+            for (var c = 0u; c < nc; c++) {
+                let at = p.tokens * n + ((t * n + j) * nc + c) * 2u;
+                ss += alpha[at];
+                dq += alpha[at + 1u];
+            }
+            wj[j] = dq * inverseSqrt(ss / f32(p.d) + p.eps);
+            m = max(m, wj[j]);
         }
     }
     var sum = 0.0;
     for (var j = 0u; j < MAX_SOURCES; j++) {
         if (j < n) {
-            wj[j] = exp(alpha[raw + j] - m);
+            wj[j] = exp(wj[j] - m);
             sum += wj[j];
         }
     }

@@ -291,7 +291,7 @@ fn attn_res_matches_golden() {
         let (bb, cb) = (gpu.storage_from("bank", &bank), gpu.storage_from("cur", &cur));
         let (gb, pb) = (gpu.storage_from("gamma", &bf16_bytes(gamma)), gpu.storage_from("proj", &bf16_bytes(proj)));
         let out = gpu.storage("out", (t * d * 4) as u64);
-        let alpha = gpu.storage("alpha", (2 * t * n * 4) as u64);
+        let alpha = gpu.storage("alpha", (attn_res::alpha_len(t, d, n) * 4) as u64);
         run(&gpu, |enc| attn_res::attn_res(&gpu, enc, t, d, n - 1, t * d, 1e-5, &bb, &cb, &gb, &pb, &out, &alpha, None).unwrap());
         let (o, a): (Vec<f32>, Vec<f32>) = (gpu.read(&out, t * d).unwrap(), gpu.read(&alpha, t * n).unwrap());
         let (wo, wa) = (&golden::get(&f, &format!("n{n}.out")).1, &golden::get(&f, &format!("n{n}.alpha")).1);
@@ -302,6 +302,28 @@ fn attn_res_matches_golden() {
         let (ro, _) = reference::attn_res::attn_res(&srcs, gamma, proj, 1e-5);
         assert!(rel_l2(&ro, &wo[..d]) < 1e-6);
     }
+}
+
+/// AttnRes at a width of several column chunks and 9 sources (one token, the decode shape)
+/// against the CPU reference.
+#[test]
+fn attn_res_wide_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    let (d, n) = (2500, 9);
+    let src = support::random_vec(31, n * d);
+    let gamma = bf16_round(&support::random_vec(32, d).iter().map(|v| 1.0 + 0.1 * v).collect::<Vec<_>>());
+    let proj = bf16_round(&support::random_vec(33, d));
+    let (bb, cb) = (gpu.storage_from("bank", &src[..(n - 1) * d]), gpu.storage_from("cur", &src[(n - 1) * d..]));
+    let (gb, pb) = (gpu.storage_from("gamma", &bf16_bytes(&gamma)), gpu.storage_from("proj", &bf16_bytes(&proj)));
+    let out = gpu.storage("out", (d * 4) as u64);
+    let alpha = gpu.storage("alpha", (attn_res::alpha_len(1, d, n) * 4) as u64);
+    run(&gpu, |enc| attn_res::attn_res(&gpu, enc, 1, d, n - 1, d, 1e-5, &bb, &cb, &gb, &pb, &out, &alpha, None).unwrap());
+    let srcs: Vec<&[f32]> = (0..n).map(|j| &src[j * d..(j + 1) * d]).collect();
+    let (want, want_alpha) = reference::attn_res::attn_res(&srcs, &gamma, &proj, 1e-5);
+    let got: Vec<f32> = gpu.read(&out, d).unwrap();
+    assert!(rel_l2(&got, &want) < 1e-5, "out {}", rel_l2(&got, &want));
+    let ga: Vec<f32> = gpu.read(&alpha, n).unwrap();
+    assert!(rel_l2(&ga, &want_alpha) < 1e-5, "alpha {}", rel_l2(&ga, &want_alpha));
 }
 
 #[test]

@@ -211,7 +211,7 @@ impl Model {
         let block = cfg.attn_res_block_size.unwrap_or(usize::MAX);
         let bank_cap = if cfg.attn_res_block_size.is_some() { cfg.num_layers().div_ceil(block) + 1 } else { 0 };
         let bank = g.scratch("attn-res bank", (bank_cap.max(1) * td * 4) as u64);
-        let alpha = g.scratch("attn-res weights", (2 * t * (bank_cap + 1) * 4) as u64);
+        let alpha = g.scratch("attn-res weights", (crate::ops::attn_res::alpha_len(t, d, bank_cap + 1) * 4) as u64);
         let eps = cfg.rms_norm_eps;
         let mut prof = hooks.profiler.take();
         let mut diagnostics = Vec::new();

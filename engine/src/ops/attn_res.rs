@@ -11,16 +11,22 @@ shader_params!(
     }
 );
 
-pub const ATTN_RES_LOGITS: Kernel = Kernel::new("attn_res_logits", "attn_res", "attn_res_logits");
+pub const ATTN_RES_SUMS: Kernel = Kernel::new("attn_res_sums", "attn_res", "attn_res_sums");
 pub const ATTN_RES_MIX: Kernel = Kernel::new("attn_res_mix", "attn_res", "attn_res_mix");
-pub const KERNELS: &[Kernel] = &[ATTN_RES_LOGITS, ATTN_RES_MIX];
+pub const KERNELS: &[Kernel] = &[ATTN_RES_SUMS, ATTN_RES_MIX];
 /// Output columns per workgroup of the mixing pass (CHUNK in the shader).
 const CHUNK: usize = 1024;
 /// Most sources one aggregation takes (MAX_SOURCES in the shader).
 pub const MAX_SOURCES: usize = 16;
 
-/// out [T, d] = AttnRes(bank[0..n_bank] ∪ {cur}); alpha [2, T, n_bank + 1]: the softmax
-/// weights, then the raw logits (scratch).
+/// Floats the `alpha` buffer of [`attn_res`] needs: the [T, n] softmax weights, then the
+/// per-chunk partial sums (scratch).
+pub fn alpha_len(tokens: usize, d: usize, sources: usize) -> usize {
+    tokens * sources * (1 + 2 * d.div_ceil(CHUNK))
+}
+
+/// out [T, d] = AttnRes(bank[0..n_bank] ∪ {cur}); alpha holds [`alpha_len`] floats, the
+/// first T x (n_bank + 1) of them the softmax weights.
 /// bank: n_bank entries of `bank_stride` f32 each ([T, d] used); gamma, proj: [d] bf16.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_res(
@@ -44,12 +50,12 @@ pub fn attn_res(
         return Err(GpuError::Shape(format!("attn_res: {n} sources (at most {MAX_SOURCES}), d {d}, bank stride {bank_stride} < {tokens} x {d}")));
     }
     let td = (tokens * d * 4) as u64;
-    if bank.size() < (n_bank * bank_stride * 4) as u64 || cur.size() < td || out.size() < td || alpha.size() < (2 * tokens * n * 4) as u64 || gamma.size() < (d * 2) as u64 || proj.size() < (d * 2) as u64 {
+    if bank.size() < (n_bank * bank_stride * 4) as u64 || cur.size() < td || out.size() < td || alpha.size() < (alpha_len(tokens, d, n) * 4) as u64 || gamma.size() < (d * 2) as u64 || proj.size() < (d * 2) as u64 {
         return Err(GpuError::Shape(format!("attn_res: buffers too small for {tokens} tokens x {d} with {n} sources")));
     }
     let p = AttnResParams { tokens: tokens as u32, d: d as u32, n_bank: n_bank as u32, bank_stride: bank_stride as u32, eps, ..Default::default() };
     let logits = [(1, bank), (2, cur), (3, gamma), (4, proj), (6, alpha)];
-    dispatch(gpu, enc, &ATTN_RES_LOGITS, &p, &logits, (n as u32, tokens as u32), profiler.as_deref_mut())?;
+    dispatch(gpu, enc, &ATTN_RES_SUMS, &p, &logits, ((n * d.div_ceil(CHUNK)) as u32, tokens as u32), profiler.as_deref_mut())?;
     let mix = [(1, bank), (2, cur), (5, out), (6, alpha)];
     dispatch(gpu, enc, &ATTN_RES_MIX, &p, &mix, (d.div_ceil(CHUNK) as u32, tokens as u32), profiler)
 }
