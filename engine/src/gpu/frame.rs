@@ -7,7 +7,7 @@
 //! Frames are per thread (see `FRAMES`).
 
 use std::cell::RefCell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 thread_local! {
     /// One frame per (thread, device): a forward runs on one thread, and forwards on other
@@ -42,15 +42,20 @@ pub(crate) struct Frame {
     /// What each arena slot holds on the GPU (writes are skipped when unchanged).
     mirror: Vec<Vec<u8>>,
     next_slot: usize,
+    /// Buffers ready to hand out, per size.
     free: HashMap<u64, VecDeque<wgpu::Buffer>>,
-    used: Vec<(u64, wgpu::Buffer)>,
+    /// Handed out and not yet returned by a scope, in order.
+    out: Vec<(u64, wgpu::Buffer)>,
+    /// Every buffer handed out this frame, in first-use order (kept for the next frame).
+    kept: Vec<(u64, wgpu::Buffer)>,
+    kept_set: HashSet<wgpu::Buffer>,
     binds: HashMap<BindKey, (wgpu::BindGroup, u64)>,
     frame: u64,
 }
 
 impl Frame {
     pub fn new() -> Frame {
-        Frame { arena: None, mirror: Vec::new(), next_slot: 0, free: HashMap::new(), used: Vec::new(), binds: HashMap::new(), frame: 0 }
+        Frame { arena: None, mirror: Vec::new(), next_slot: 0, free: HashMap::new(), out: Vec::new(), kept: Vec::new(), kept_set: HashSet::new(), binds: HashMap::new(), frame: 0 }
     }
 
     /// Starts a forward: slots from 0 again, last forward's scratch buffers reusable in the
@@ -58,7 +63,9 @@ impl Frame {
     pub fn begin(&mut self) {
         self.next_slot = 0;
         self.free.clear();
-        for (size, b) in self.used.drain(..) {
+        self.out.clear();
+        self.kept_set.clear();
+        for (size, b) in self.kept.drain(..) {
             self.free.entry(size).or_default().push_back(b);
         }
         let keep = self.frame;
@@ -111,8 +118,28 @@ impl Frame {
                 false,
             ),
         };
-        self.used.push((size, buf.clone()));
+        if self.kept_set.insert(buf.clone()) {
+            self.kept.push((size, buf.clone()));
+        }
+        self.out.push((size, buf.clone()));
         (buf, recycled)
+    }
+
+    /// Marks the start of a scope (see [`Frame::end_scope`]).
+    pub fn begin_scope(&mut self) -> usize {
+        self.out.len()
+    }
+
+    /// Returns the buffers handed out since `mark` for reuse later in this frame (a layer's
+    /// internal scratch: the next layer takes the same buffers, so prefill chunks do not
+    /// hold one set per layer). Safe because all work runs in queue order.
+    pub fn end_scope(&mut self, mark: usize) {
+        if mark >= self.out.len() {
+            return;
+        }
+        for (size, b) in self.out.drain(mark..).rev() {
+            self.free.entry(size).or_default().push_front(b);
+        }
     }
 
     pub fn bind_group(&mut self, key: &BindKey) -> Option<wgpu::BindGroup> {

@@ -70,6 +70,18 @@ pub struct Gpu {
     id: u64,
 }
 
+/// See [`Gpu::scratch_scope`].
+pub struct ScratchScope<'a> {
+    gpu: &'a Gpu,
+    mark: usize,
+}
+
+impl Drop for ScratchScope<'_> {
+    fn drop(&mut self) {
+        frame::with(self.gpu.id, |f| f.end_scope(self.mark));
+    }
+}
+
 impl Drop for Gpu {
     fn drop(&mut self) {
         frame::forget(self.id);
@@ -185,6 +197,12 @@ impl Gpu {
             self.queue.write_buffer(&buf, 0, &vec![0xff; buf.size() as usize]);
         }
         buf
+    }
+
+    /// Until the returned guard drops, scratch buffers handed out are the caller's; then they
+    /// can be handed out again in this forward (wrap a layer's internal scratch in one).
+    pub fn scratch_scope(&self) -> ScratchScope<'_> {
+        ScratchScope { gpu: self, mark: frame::with(self.id, |f| f.begin_scope()) }
     }
 
     /// A uniform buffer holding one parameter struct.

@@ -257,6 +257,8 @@ impl GlobalAttn {
         out: &wgpu::Buffer,
         opts: &mut ForwardOptions<'_>,
     ) -> Result<Vec<TokenDiagnostics>, GpuError> {
+        // Internal scratch goes back to the pool when this layer returns.
+        let _scratch = gpu.scratch_scope();
         let t_n = n_tokens;
         let d = self.hidden;
         let dm = self.dims;
@@ -276,7 +278,7 @@ impl GlobalAttn {
         let q_w = h * (dm.nope + dm.rope);
         let vo = h * dm.v_dim;
         let r = self.q_a.as_ref().map_or(d, |(w, _)| w.rows());
-        let buf = |label: &str, n: usize| gpu.storage(label, (n * 4) as u64);
+        let buf = |label: &str, n: usize| gpu.scratch(label, (n * 4) as u64);
         let cq = buf("c_q [T, r]", t_n * r);
         let q = buf("q [T, H*(nope+rope)]", t_n * q_w);
         let kv = buf("kv [T, R+E]", t_n * dm.width());
@@ -336,7 +338,7 @@ impl GlobalAttn {
         }
         let mut diags = Vec::new();
         let split_max = dsa::attend_splits(self.indexer.as_ref().map_or(n_pos, |i| i.topk.min(n_pos)));
-        let part = gpu.storage("mla partials", dsa::partial_bytes(&dm, tb, split_max) as u64);
+        let part = gpu.scratch("mla partials", dsa::partial_bytes(&dm, tb, split_max) as u64);
         let qa_b = buf("qa block", tb * h * dm.width());
         let o_b = buf("o block", tb * vo);
         let g_b = buf("gate block", tb * vo);

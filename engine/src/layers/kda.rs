@@ -232,12 +232,14 @@ impl KdaLayer {
         out: &wgpu::Buffer,
         mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
+        // Internal scratch goes back to the pool when this layer returns.
+        let _scratch = gpu.scratch_scope();
         let (g, d) = (&self.geom, self.hidden);
         let (p, k, h) = (g.proj(), g.head_dim, g.heads);
         if t_len == 0 || x.size() < (t_len * d * 4) as u64 || out.size() < (t_len * d * 4) as u64 {
             return Err(GpuError::Shape(format!("kda layer: x and out must hold [{t_len}, {d}] f32 with T >= 1")));
         }
-        let buf = |label: &str, n: usize| gpu.storage(label, (n * 4) as u64);
+        let buf = |label: &str, n: usize| gpu.scratch(label, (n * 4) as u64);
         let qkv = buf("kda qkv", t_len * 3 * p);
         let fa = buf("kda f_a", t_len * k);
         let f = buf("kda f", t_len * p);

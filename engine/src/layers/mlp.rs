@@ -60,6 +60,8 @@ impl GluMlp {
         out: &wgpu::Buffer,
         mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
+        // Internal scratch goes back to the pool when this layer returns.
+        let _scratch = gpu.scratch_scope();
         let inner = self.gate.rows();
         let buf = |label: &str| gpu.scratch(label, (tokens * inner * 4) as u64);
         let (g, u, a) = (buf("mlp gate"), buf("mlp up"), buf("mlp act"));

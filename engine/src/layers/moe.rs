@@ -104,6 +104,8 @@ impl MoeBlock {
         out: &wgpu::Buffer,
         mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
+        // Internal scratch goes back to the pool when this layer returns.
+        let _scratch = gpu.scratch_scope();
         let (d, e, k) = (self.hidden, self.cfg.num_experts, self.cfg.experts_per_token);
         let n_in = self.cfg.expert_io(d);
         let buf = |label: &str, n: usize| gpu.scratch(label, (n * 4) as u64);
