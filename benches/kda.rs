@@ -249,6 +249,9 @@ fn main() -> anyhow::Result<()> {
         let t_pre = time_gpu(&gpu, 2, 10, &mut record)?;
         t_best = t_best.min(t_pre);
         let name = format!("kda chunked prefill T={t_len} {heads}x{dk} [{path:?}]");
+        println!("    ({path:?} chunk scratch: {:.1} MB, plus the prepped q, k, v, g, beta: {:.1} MB)", scratch.bytes() as f64 / 1e6,
+            (4 * t_len * p * 4 + t_len * heads * 4) as f64 / 1e6);
+        note(&mut extra, &format!("prefill_{path:?}_scratch_mb"), scratch.bytes() as f64 / 1e6);
         println!("{:<56} {:>10.2} us  {:>9.2} TFLOP/s  ({:.2} M tokens/s)", name, t_pre * 1e6, flops / t_pre / 1e12, t_len as f64 / t_pre / 1e6);
         rows.push(Row { name, time_us: t_pre * 1e6, rate: flops / t_pre / 1e12, ceiling: f64::NAN, unit: "TFLOP/s" });
         note(&mut extra, &format!("prefill_{path:?}_us"), t_pre * 1e6);

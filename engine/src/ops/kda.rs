@@ -238,6 +238,13 @@ impl ChunkScratch {
         })
     }
 
+    /// Bytes of GPU memory this scratch holds.
+    pub fn bytes(&self) -> u64 {
+        let mut n = [&self.w, &self.u, &self.qg, &self.kg, &self.aqk].iter().map(|b| b.size()).sum::<u64>();
+        n += self.hs.as_ref().map_or(0, |b| b.size());
+        n + self.dummies.iter().map(|b| b.size()).sum::<u64>()
+    }
+
     /// w, qg, kg, u [T, H, K] and A_qk [N, H, C, C] as f32 after a prefill's intra-chunk kernel (tests: the coop
     /// path's packed f16 outputs are widened).
     pub fn read_intra(&self, gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<[Vec<f32>; 5], GpuError> {
