@@ -1,11 +1,13 @@
 //! DSA decode kernels at the K3.1 shapes (32 x 128 indexer, top-2048, 96-head absorbed MLA over
 //! 576-wide bf16 rows), each timed separately per token per layer at several context lengths
 //! with random cache data, next to the copy bandwidth measured in the same run.
-//! Run: `cargo bench --bench dsa` (`--quick` for small sizes, `--json FILE` to save rows,
+//! Run: `cargo bench --bench dsa` (`--quick` for small sizes, `--smoke` for one tiny run of every path,
+//! `--json FILE` to save rows,
 //! `--torch` to also run the PyTorch reference on the same GPU: naive indexer + torch.topk +
 //! gathered absorbed attention; needs python3 with CUDA torch).
 
 use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
+use k31_engine::gpu::Profiler;
 use k31_engine::gpu::{Gpu, GpuTensor};
 use k31_engine::layout::DType;
 use k31_engine::ops::dsa::{self, IndexVariant, MlaDims, PagedRows, TopkScratch};
@@ -71,6 +73,27 @@ fn check_topk_set(gpu: &Gpu, scores: &wgpu::Buffer, n: usize, sel: &wgpu::Buffer
     Ok(if bad == 0 { "exact set".into() } else { format!("MISMATCH: sets differ ({bad} sorted slots)") })
 }
 
+/// Mean GPU time per labelled pass over 10 runs of `record` (after 3 warm-ups), as "label us, ...".
+fn breakdown(
+    gpu: &Gpu,
+    mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<&mut Profiler>) -> Result<(), k31_engine::gpu::GpuError>,
+) -> anyhow::Result<String> {
+    let mut prof = Profiler::new(gpu, 256);
+    if !prof.enabled() {
+        return Ok("no timestamps on this adapter".into());
+    }
+    for i in 0..13 {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        record(&mut enc, if i >= 3 { Some(&mut prof) } else { None })?;
+        gpu.queue.submit([enc.finish()]);
+        gpu.wait()?;
+        if i >= 3 {
+            prof.collect(gpu)?;
+        }
+    }
+    Ok(prof.report().iter().map(|t| format!("{} {:.2} us", t.label, t.total_ns / 10.0 / 1e3)).collect::<Vec<_>>().join(", "))
+}
+
 thread_local! {
     /// Correctness checks run inside the bench (printed and saved with --json).
     static CHECKS: std::cell::RefCell<Vec<(String, String)>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -121,13 +144,22 @@ print(json.dumps({'device': torch.cuda.get_device_name(), 'torch': torch.__versi
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
-    let quick = args.iter().any(|a| a == "--quick");
+    // --smoke: one small size, one repetition, every code path (the cliff rows included): a check
+    // that the bench runs through on a software adapter before spending GPU time.
+    let smoke = args.iter().any(|a| a == "--smoke");
+    let quick = smoke || args.iter().any(|a| a == "--quick");
+    let (wu, reps, reps_long) = if smoke { (0, 1, 1) } else { (5, 30, 50) };
+    let cliff_from = if smoke { 0 } else { 131072 };
     let torch = args.iter().any(|a| a == "--torch");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}  (max binding {} MiB)", gpu.describe(), gpu.caps.max_binding >> 20);
     let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
     println!("copy bandwidth (read+write): {copy:.1} GB/s");
-    let sizes: Vec<usize> = if quick { vec![4096, 32768] } else { vec![4096, 32768, 131072, 524288, 1048576] };
+    let sizes: Vec<usize> = if smoke {
+        vec![4096]
+    } else if quick {
+        vec![4096, 32768]
+    } else { vec![4096, 32768, 131072, 524288, 1048576] };
     let dims = MlaDims { heads: 96, latent: 512, rope: 64, nope: 128, v_dim: 128, scale: 192f32.powf(-0.5) };
     let wkv_v = random(7, dims.heads * (dims.nope + dims.v_dim) * dims.latent);
     let wkv_b: Vec<u8> = wkv_v.iter().flat_map(|&x| half::bf16::from_f32(x * 0.05).to_le_bytes()).collect();
@@ -161,15 +193,15 @@ fn main() -> anyhow::Result<()> {
                 variants.iter().map(|&(v, label)| (v, label, gpu.storage("scores of a variant", (s * 4) as u64))).collect();
             for (v, label, dst) in &outs {
                 let dst = if *v == IndexVariant::Simt { &scores } else { dst };
-                let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::index_scores_variant(&gpu, enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, prof))?;
+                let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_variant(&gpu, enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, prof))?;
                 out.push((format!("indexer {label}, S={s}"), t, key_bytes));
             }
             // Grid of the coop indexer (workgroups per query; the default is 528 = 4 per H200 SM).
-            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= 131072 {
+            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from {
                 let tmp = gpu.storage("scores grid", (s * 4) as u64);
                 for groups in [132, 264, 1056, 2112] {
                     let prev = dsa::set_index_coop_groups(groups);
-                    let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                    let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                         dsa::index_scores_variant(&gpu, enc, IndexVariant::Coop, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
                     })?;
                     dsa::set_index_coop_groups(prev);
@@ -177,11 +209,11 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             // The cliff lead: the same SIMT scan over one unpaged allocation.
-            if s >= 131072 {
+            if s >= cliff_from {
                 let mut one = PagedRows::new(&gpu, "keys one page", ID, s.next_power_of_two(), s)?;
                 one.upload(&gpu, &random(s as u64, s * ID))?;
                 let tmp = gpu.storage("scores one page", (s * 4) as u64);
-                let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                     dsa::index_scores_variant(&gpu, enc, IndexVariant::Simt, &one, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
                 })?;
                 out.push((format!("indexer SIMT f32, one page, S={s}"), t, key_bytes));
@@ -198,11 +230,11 @@ fn main() -> anyhow::Result<()> {
                 let a = gpu.read::<i32>(&sel, k)?;
                 report_check(format!("indexer {label} vs SIMT, S={s}"), compare_scores(&gpu, &scores, dst, s, Some(&a), k)?);
             }
-            let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, prof))?;
+            let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, prof))?;
             out.push((format!("top-{k} of indexer scores, S={s}"), t, (s * 4) as f64));
             report_check(format!("top-{k} S={s} vs CPU reference"), check_topk(&gpu, &scores, s, &sel, k)?);
             let sel_set = gpu.storage("sel set", (k * 4) as u64);
-            let t = time_gpu(&gpu, 5, 30, |enc, prof| dsa::topk_set(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel_set, &sel_s, prof))?;
+            let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::topk_set(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel_set, &sel_s, prof))?;
             out.push((format!("top-{k} set (unordered) of indexer scores, S={s}"), t, (s * 4) as f64));
             report_check(format!("top-{k} set S={s} vs CPU reference"), check_topk_set(&gpu, &scores, s, &sel_set, k)?);
             let mut cache = PagedRows::new(&gpu, "latent", dims.width(), 1024, s)?;
@@ -216,10 +248,16 @@ fn main() -> anyhow::Result<()> {
             let lse_ref = gpu.storage("lse per-head", (dims.heads * 4) as u64);
             for (v, label) in [(dsa::MlaVariant::PerHead, "per head"), (dsa::MlaVariant::Grouped, "8 heads per workgroup")] {
                 let (ob, lb) = if v == dsa::MlaVariant::PerHead { (&o_ref, &lse_ref) } else { (&o, &lse) };
-                let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                     dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, ob, lb, 1, s - 1, prof)
                 })?;
                 out.push((format!("sparse MLA {label}, {k} rows of 576, S={s}"), t, (k * dims.width() * 2) as f64));
+            }
+            for v in [dsa::MlaVariant::PerHead, dsa::MlaVariant::Grouped] {
+                let b = breakdown(&gpu, |enc, prof| {
+                    dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
+                })?;
+                println!("  sparse MLA {v:?} per pass, S={s}: {b}");
             }
             let err = |a: &wgpu::Buffer, b: &wgpu::Buffer, n: usize| -> anyhow::Result<f64> {
                 let x: Vec<f32> = gpu.read(a, n)?;
@@ -238,10 +276,10 @@ fn main() -> anyhow::Result<()> {
             );
             // The cliff lead: the same attention over the LAST k rows (one page, ~2.3 MB) instead of
             // k rows spread over the whole cache. A large gap points at address translation.
-            if s >= 131072 {
+            if s >= cliff_from {
                 let near: Vec<i32> = (0..k as i32).map(|j| (s - k) as i32 + j).collect();
                 let sel_near = gpu.storage_from("sel near", &near);
-                let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                     dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel_near, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
                 })?;
                 out.push((format!("sparse MLA 8 heads per workgroup, last {k} rows, S={s}"), t, (k * dims.width() * 2) as f64));
@@ -259,24 +297,24 @@ fn main() -> anyhow::Result<()> {
     let scratch = TopkScratch::new(&gpu, 1, n, TOPK)?;
     let sel = gpu.storage("sel", (TOPK * 4) as u64);
     let sel_s = gpu.storage("sel scores", (TOPK * 4) as u64);
-    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    let t = time_gpu(&gpu, wu, reps_long, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
     push(&mut rows, format!("top-2048 of {n} random scores"), t, (n * 4) as f64);
     report_check(format!("top-2048 of {n} random vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
-    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk_set(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    let t = time_gpu(&gpu, wu, reps_long, |enc, prof| dsa::topk_set(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
     push(&mut rows, format!("top-2048 set (unordered) of {n} random scores"), t, (n * 4) as f64);
     report_check(format!("top-2048 set of {n} random vs CPU reference"), check_topk_set(&gpu, &scores, n, &sel, TOPK)?);
     // Worst case for the tie rule: scores on 129 levels, the 2048th tied with ~2300 others
     // spread over the whole row.
     let tied: Vec<f32> = random(10, n).iter().map(|x| (x * 64.0).round()).collect();
     let scores = gpu.storage_from("tied scores", &tied);
-    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    let t = time_gpu(&gpu, wu, reps_long, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
     push(&mut rows, format!("top-2048 of {n} scores, ties at the k-th"), t, (n * 4) as f64);
     report_check(format!("top-2048 of {n} tied vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
     // 1M random scores (the largest context).
     let n = if quick { 1 << 16 } else { 1 << 20 };
     let scores = gpu.storage_from("scores 1M", &random(11, n));
     let scratch = TopkScratch::new(&gpu, 1, n, TOPK)?;
-    let t = time_gpu(&gpu, 5, 50, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+    let t = time_gpu(&gpu, wu, reps_long, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
     push(&mut rows, format!("top-2048 of {n} random scores"), t, (n * 4) as f64);
     report_check(format!("top-2048 of {n} random vs CPU reference"), check_topk(&gpu, &scores, n, &sel, TOPK)?);
     let mut torch_json = serde_json::Value::Null;
