@@ -380,7 +380,10 @@ impl PagedRows {
 /// Which indexer kernel runs (the benches and tests pick one; the layer uses `Auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexVariant {
-    /// Coop (q split) where [`coop_indexer_available`], SIMT otherwise.
+    /// SIMT; the coop kernel (q split) only with `K31_DSA_COOP=1` where
+    /// [`coop_indexer_available`]: on the H200 it was ~10 % faster, but its scores differ from
+    /// f32 by ~2e-4 of the largest, which moved 2 of 2048 selected positions at 1M, and
+    /// selections must equal the reference's.
     Auto,
     /// f32 SIMT (indexer.wgsl): every adapter, every supported shape.
     Simt,
@@ -450,7 +453,7 @@ pub fn index_scores_variant(
     let id = keys.width;
     let coop_ok = coop_indexer_available(gpu, heads, id);
     let kernel = match variant {
-        IndexVariant::Auto if coop_ok => INDEX_SCORES_COOP,
+        IndexVariant::Auto if coop_ok && std::env::var("K31_DSA_COOP").is_ok_and(|v| v == "1") => INDEX_SCORES_COOP,
         IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
         IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
             return Err(shape_err(format!(
