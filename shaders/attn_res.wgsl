@@ -110,7 +110,15 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
     let n = p.n_bank + 1u;
     let nc = chunks();
-    // Logits from the partial sums (every thread; the chunks are added in a fixed order).
+    // Logits from the partial sums: the workgroup loads them once into workgroup memory (a
+    // per-thread serial walk over n * chunks pairs was latency-bound), then every thread
+    // adds each source's chunks in a fixed order. Host-checked: n * chunks <= WG.
+    if (lid < n * nc) {
+        let at = p.tokens * n + (t * n * nc + lid) * 2u;
+        red[lid] = alpha[at];
+        red[WG + lid] = alpha[at + 1u];
+    }
+    workgroupBarrier();
     var wj: array<f32, MAX_SOURCES>;
     var m = -3.40282347e38;
     for (var j = 0u; j < MAX_SOURCES; j++) {
@@ -118,9 +126,8 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             var ss = 0.0;
             var dq = 0.0;
             for (var c = 0u; c < nc; c++) {
-                let at = p.tokens * n + ((t * n + j) * nc + c) * 2u;
-                ss += alpha[at];
-                dq += alpha[at + 1u];
+                ss += red[j * nc + c];
+                dq += red[WG + j * nc + c];
             }
             wj[j] = dq * inverseSqrt(ss / f32(p.d) + p.eps);
             m = max(m, wj[j]);

@@ -46,8 +46,10 @@ pub fn attn_res(
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     let n = n_bank + 1;
-    if n > MAX_SOURCES || d == 0 || bank_stride < tokens * d {
-        return Err(GpuError::Shape(format!("attn_res: {n} sources (at most {MAX_SOURCES}), d {d}, bank stride {bank_stride} < {tokens} x {d}")));
+    if n > MAX_SOURCES || d == 0 || bank_stride < tokens * d || n * d.div_ceil(CHUNK) > 256 {
+        return Err(GpuError::Shape(format!(
+            "attn_res: {n} sources (at most {MAX_SOURCES}), d {d} (sources x ceil(d / {CHUNK}) at most 256), bank stride {bank_stride} < {tokens} x {d}"
+        )));
     }
     let td = (tokens * d * 4) as u64;
     if bank.size() < (n_bank * bank_stride * 4) as u64 || cur.size() < td || out.size() < td || alpha.size() < (alpha_len(tokens, d, n) * 4) as u64 || gamma.size() < (d * 2) as u64 || proj.size() < (d * 2) as u64 {
