@@ -121,7 +121,7 @@ override RS2: u32 = 2u;
 override RPW2: u32 = 16u;
 const MAX_RS2: u32 = 4u;
 
-// Stage 1, as expert_up_sg: grid (ceil(n_mid / RPW2), tokens * top_k).
+// Stage 1: grid (ceil(n_mid / RPW2), tokens * top_k); h[pair, r] = act(w1 z, w3 z)[r].
 @compute @workgroup_size(256)
 fn expert_up_sg2(
     @builtin(workgroup_id) wg: vec3<u32>,
