@@ -6,8 +6,7 @@
 use crate::checkpoint::{Checkpoint, TensorView};
 use crate::config::{KdaConfig, KdaOutputGate};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
-use crate::ops::gemv::gemv_many;
-use crate::ops::linear::linear;
+use crate::ops::linear::{linear, linear_many};
 use crate::ops::kda::{self, ChunkScratch, KdaGeom, KdaInputs, Prepped};
 
 /// Output-gate projection(s).
@@ -247,24 +246,17 @@ impl KdaLayer {
         let gl = buf("kda gate", t_len * p);
         let o = buf("kda o", t_len * p);
         let y = buf("kda y", t_len * p);
-        let ga = matches!(self.gate, OutputGate::LowRank { .. }).then(|| buf("kda g_a", t_len * k));
+        // The gate's first matrix reads x: g_proj straight into the gate logits, or g_a into
+        // the low-rank intermediate that g_b maps to them.
+        let (gate_w, gate_out) = match &self.gate {
+            OutputGate::FullRank { g_proj } => (g_proj, gl.clone()),
+            OutputGate::LowRank { g_a, .. } => (g_a, buf("kda g_a", t_len * k)),
+        };
         // Everything that reads x: one dispatch per four matrices when decoding.
-        let mut from_x = vec![(&self.qkv_proj, &qkv), (&self.f_a, &fa), (&self.b_proj, &b)];
-        match (&self.gate, &ga) {
-            (OutputGate::FullRank { g_proj }, _) => from_x.push((g_proj, &gl)),
-            (OutputGate::LowRank { g_a, .. }, Some(ga)) => from_x.push((g_a, ga)),
-            (OutputGate::LowRank { .. }, None) => unreachable!("g_a scratch exists for the low-rank gate"),
-        }
-        if t_len == 1 {
-            gemv_many(gpu, enc, &from_x, x, prof.as_deref_mut())?;
-        } else {
-            for (w, y) in &from_x {
-                linear(gpu, enc, w, t_len, x, y, prof.as_deref_mut())?;
-            }
-        }
+        linear_many(gpu, enc, &[(&self.qkv_proj, &qkv), (&self.f_a, &fa), (&self.b_proj, &b), (gate_w, &gate_out)], t_len, x, prof.as_deref_mut())?;
         linear(gpu, enc, &self.f_b, t_len, &fa, &f, prof.as_deref_mut())?;
-        if let (OutputGate::LowRank { g_b, .. }, Some(ga)) = (&self.gate, &ga) {
-            linear(gpu, enc, g_b, t_len, ga, &gl, prof.as_deref_mut())?;
+        if let OutputGate::LowRank { g_b, .. } = &self.gate {
+            linear(gpu, enc, g_b, t_len, &gate_out, &gl, prof.as_deref_mut())?;
         }
         let inp = KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
         if t_len == 1 {

@@ -4,7 +4,7 @@
 use crate::checkpoint::TensorView;
 use crate::config::Activation;
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
-use crate::ops::{gemv::gemv_many, linear::linear, norm::glu};
+use crate::ops::{linear::{linear, linear_many}, norm::glu};
 
 pub struct GluMlp {
     gate: GpuTensor,
@@ -65,12 +65,7 @@ impl GluMlp {
         let inner = self.gate.rows();
         let buf = |label: &str| gpu.scratch(label, (tokens * inner * 4) as u64);
         let (g, u, a) = (buf("mlp gate"), buf("mlp up"), buf("mlp act"));
-        if tokens == 1 {
-            gemv_many(gpu, enc, &[(&self.gate, &g), (&self.up, &u)], x, prof.as_deref_mut())?;
-        } else {
-            linear(gpu, enc, &self.gate, tokens, x, &g, prof.as_deref_mut())?;
-            linear(gpu, enc, &self.up, tokens, x, &u, prof.as_deref_mut())?;
-        }
+        linear_many(gpu, enc, &[(&self.gate, &g), (&self.up, &u)], tokens, x, prof.as_deref_mut())?;
         glu(gpu, enc, self.act, tokens * inner, &g, &u, &a, prof.as_deref_mut())?;
         linear(gpu, enc, &self.down, tokens, &a, out, prof)
     }

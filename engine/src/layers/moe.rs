@@ -9,7 +9,7 @@ use crate::config::{Activation, ExpertFormat, ModelConfig};
 use crate::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::layout::DType;
-use crate::ops::{elementwise::add, gemv::gemv_many, linear::linear, moe, norm::rms_norm, router::router_select};
+use crate::ops::{elementwise::add, linear::{linear, linear_many}, moe, norm::rms_norm, router::router_select};
 
 struct Latent {
     down: GpuTensor,
@@ -116,13 +116,7 @@ impl MoeBlock {
         if let (Some(l), Some(z)) = (&self.latent, &z_owned) {
             from_x.push((&l.down, z));
         }
-        if t == 1 {
-            gemv_many(gpu, enc, &from_x, x, prof.as_deref_mut())?;
-        } else {
-            for (w, y) in &from_x {
-                linear(gpu, enc, w, t, x, y, prof.as_deref_mut())?;
-            }
-        }
+        linear_many(gpu, enc, &from_x, t, x, prof.as_deref_mut())?;
         router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, prof.as_deref_mut())?;
         let z = match &z_owned {
             Some(z) => z,

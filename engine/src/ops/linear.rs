@@ -17,6 +17,25 @@ pub const LINEAR_BF16: Kernel = Kernel::new("linear_bf16", "linear", "linear_bf1
 pub const LINEAR_F32: Kernel = Kernel::new("linear_f32", "linear", "linear_bf16").with_constants(&[("W_F32", 1.0)]);
 pub const KERNELS: &[Kernel] = &[LINEAR_BF16, LINEAR_F32];
 
+/// [`linear`] for several matrices reading the same x; T = 1 runs them together through
+/// [`super::gemv::gemv_many`] (one dispatch per four matrices).
+pub fn linear_many(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    pairs: &[(&GpuTensor, &wgpu::Buffer)],
+    tokens: usize,
+    x: &wgpu::Buffer,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    if tokens == 1 {
+        return super::gemv::gemv_many(gpu, enc, pairs, x, profiler);
+    }
+    for (w, y) in pairs {
+        linear(gpu, enc, w, tokens, x, y, profiler.as_deref_mut())?;
+    }
+    Ok(())
+}
+
 /// y [T, rows] = x [T, cols] W^T with W [rows, cols] bf16; T = 1 runs the GEMV.
 pub fn linear(
     gpu: &Gpu,
