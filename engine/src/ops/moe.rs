@@ -201,11 +201,11 @@ pub fn experts_decode(
         ExpertFormat::Mxfp4 => kernels.unwrap_or_else(|| decode_default(gpu)),
         ExpertFormat::Bf16 => DecodeKernels { name: "bf16", up: EXPERT_UP_BF16, down: EXPERT_DOWN_BF16, up_rows: 2, down_rows: 2 },
     };
-    if k_sel.down.entry == "expert_down_sg2" {
-        // Stage-2 partial sums live in a 2048-float workgroup array.
-        if k * k_sel.down_rows as usize > 2048 {
-            return Err(GpuError::Shape(format!("experts: top_k {k} x {} rows exceeds the stage-2 workgroup buffer", k_sel.down_rows)));
-        }
+    // The subgroup kernels (moe_sg.wgsl, the only ones that need subgroups) keep stage-2
+    // partial sums in a 2048-float workgroup array and read scale bytes through binding 7.
+    let sg = k_sel.up.needs_subgroups;
+    if sg && k * k_sel.down_rows as usize > 2048 {
+        return Err(GpuError::Shape(format!("experts: top_k {k} x {} rows exceeds the stage-2 workgroup buffer", k_sel.down_rows)));
     }
     let pairs = (t * k) as u32;
     dispatch(
@@ -213,7 +213,7 @@ pub fn experts_decode(
         enc,
         &k_sel.up,
         &p,
-        &with_scales(&k_sel.up, &[(1, &store.pool), (2, &store.table), (3, idx), (5, z), (6, h)], &store.pool),
+        &with_scales(sg, &[(1, &store.pool), (2, &store.table), (3, idx), (5, z), (6, h)], &store.pool),
         ((n_mid as u32).div_ceil(k_sel.up_rows), pairs),
         profiler.as_deref_mut(),
     )?;
@@ -222,16 +222,16 @@ pub fn experts_decode(
         enc,
         &k_sel.down,
         &p,
-        &with_scales(&k_sel.down, &[(1, &store.pool), (2, &store.table), (3, idx), (4, wts), (5, h), (6, y)], &store.pool),
+        &with_scales(sg, &[(1, &store.pool), (2, &store.table), (3, idx), (4, wts), (5, h), (6, y)], &store.pool),
         ((n_in as u32).div_ceil(k_sel.down_rows), t as u32),
         profiler,
     )
 }
 
-/// The sg2 kernels also read the pool as words (binding 7) for the scale bytes.
-fn with_scales<'a>(k: &Kernel, b: &[(u32, &'a wgpu::Buffer)], pool: &'a wgpu::Buffer) -> Vec<(u32, &'a wgpu::Buffer)> {
+/// `b`, plus the pool as words (binding 7, the scale bytes) for the subgroup kernels.
+fn with_scales<'a>(sg: bool, b: &[(u32, &'a wgpu::Buffer)], pool: &'a wgpu::Buffer) -> Vec<(u32, &'a wgpu::Buffer)> {
     let mut v = b.to_vec();
-    if k.entry.ends_with("_sg2") {
+    if sg {
         v.push((7, pool));
     }
     v
