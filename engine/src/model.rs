@@ -253,7 +253,7 @@ impl Model {
                 }
                 MixerWeights::Global(ga) => {
                     // The global layer records and submits its own encoders.
-                    g.queue.submit([std::mem::replace(&mut enc, g.device.create_command_encoder(&Default::default())).finish()]);
+                    g.flush(&mut enc);
                     let cache = session.global_cache(l)?;
                     let mut opts = ForwardOptions {
                         sink: hooks.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }),
@@ -291,7 +291,7 @@ impl Model {
             enc.copy_buffer_to_buffer(&next, 0, &carry, 0, (td * 4) as u64);
             // Hand each layer to the GPU as soon as it is recorded, so the GPU runs while
             // the CPU records the next one (one submission per token serialised the two).
-            g.queue.submit([std::mem::replace(&mut enc, g.device.create_command_encoder(&Default::default())).finish()]);
+            g.flush(&mut enc);
         }
         if let Some(p) = prof.as_deref_mut() {
             p.set_scope(Some("head".into()));

@@ -252,6 +252,13 @@ impl Gpu {
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
+    /// Submits what `enc` holds and leaves a fresh encoder in its place (to hand recorded work
+    /// to the GPU early, or before work recorded elsewhere that must follow it).
+    pub fn flush(&self, enc: &mut wgpu::CommandEncoder) {
+        let done = std::mem::replace(enc, self.device.create_command_encoder(&Default::default()));
+        self.queue.submit([done.finish()]);
+    }
+
     /// Waits until all submitted work has finished.
     pub fn wait(&self) -> Result<(), GpuError> {
         self.device.poll(wgpu::PollType::wait_indefinitely()).map(|_| ()).map_err(|e| GpuError::Readback(e.to_string()))

@@ -389,7 +389,10 @@ impl GlobalAttn {
             copy_rows(&mut enc, &o_b, &o, vo, t0, nb, true);
             copy_rows(&mut enc, &lse_b, &lse, h, t0, nb, true);
             let listening = opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) && sel_arg.is_some();
-            if let (true, Some((_, k)), Some(deferred)) = (listening, sel_arg, opts.deferred.as_deref_mut()) {
+            // Selections go through staging buffers: held by the caller until its own readback,
+            // or (no caller holder) delivered right after this block's submission.
+            let mut own = DeferredSelections::default();
+            if let (true, Some((_, k))) = (listening, sel_arg) {
                 let bytes = (nb * k * 4) as u64;
                 let staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some("selection staging"),
@@ -399,26 +402,18 @@ impl GlobalAttn {
                 });
                 enc.copy_buffer_to_buffer(&sel, 0, &staging, 0, bytes);
                 enc.copy_buffer_to_buffer(&sel_score, 0, &staging, bytes, bytes);
-                deferred.pending.push(PendingBlock { layer: self.layer, first_position: qpos, queries: nb, k, staging });
+                let holder = match opts.deferred.as_deref_mut() {
+                    Some(d) => d,
+                    None => &mut own,
+                };
+                holder.pending.push(PendingBlock { layer: self.layer, first_position: qpos, queries: nb, k, staging });
             }
-            let listening = listening && opts.deferred.is_none();
-            if listening || (opts.diagnostics && sel_arg.is_some()) {
-                gpu.queue.submit([std::mem::replace(&mut enc, gpu.device.create_command_encoder(&Default::default())).finish()]);
+            let deliver_now = !own.pending.is_empty();
+            if deliver_now || (opts.diagnostics && sel_arg.is_some()) {
+                gpu.flush(&mut enc);
             }
-            if let (true, Some((_, k))) = (listening, sel_arg) {
-                let pos: Vec<i32> = gpu.read(&sel, nb * k)?;
-                let sc: Vec<f32> = gpu.read(&sel_score, nb * k)?;
-                if let Some(sink) = opts.sink.as_deref_mut() {
-                    for i in 0..nb {
-                        let n = k.min(qpos + i + 1);
-                        sink.record(Selection {
-                            layer: self.layer,
-                            position: qpos + i,
-                            positions: &pos[i * k..i * k + n],
-                            scores: &sc[i * k..i * k + n],
-                        });
-                    }
-                }
+            if let (true, Some(sink)) = (deliver_now, opts.sink.as_deref_mut()) {
+                own.deliver(gpu, sink)?;
             }
             if let (true, Some((ix, scratch, ..))) = (opts.diagnostics, &ix_state) {
                 diags.push(self.diagnose(gpu, cache, &qa_b, &sel, ix.topk, scratch, &part, qpos)?);
