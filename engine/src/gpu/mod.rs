@@ -56,6 +56,8 @@ pub struct Capabilities {
     pub max_workgroup_storage: u32,
     pub max_invocations: u32,
     pub storage_offset_alignment: u32,
+    /// Storage buffers one kernel may bind.
+    pub max_storage_buffers: u32,
 }
 
 /// An opened device with everything kernels need to run.
@@ -138,6 +140,7 @@ impl Gpu {
             max_workgroup_storage: limits.max_compute_workgroup_storage_size,
             max_invocations: limits.max_compute_invocations_per_workgroup,
             storage_offset_alignment: limits.min_storage_buffer_offset_alignment,
+            max_storage_buffers: limits.max_storage_buffers_per_shader_stage,
         };
         let pipelines = PipelineCache::default();
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);

@@ -133,7 +133,7 @@ pub fn gemv_many(
 ) -> Result<(), GpuError> {
     let cols = pairs.first().map_or(0, |(w, _)| w.shape.get(1).copied().unwrap_or(0));
     let fits = gpu.caps.subgroups
-        && gpu.device.limits().max_storage_buffers_per_shader_stage >= 9
+        && gpu.caps.max_storage_buffers >= 9
         && cols % 8 == 0
         && pairs.iter().all(|(w, _)| w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] == cols);
     if !fits || pairs.len() < 2 {
