@@ -170,6 +170,13 @@ fn main() -> anyhow::Result<()> {
         row.print();
         rows.push(row);
     };
+    {
+        let absorb_cache = PagedRows::new(&gpu, "absorb cache", dims.width(), 1024, 1024)?;
+        let q1 = gpu.storage_from("q", &random(11, dims.heads * (dims.nope + dims.rope)));
+        let qa1 = gpu.storage("qa", (dims.heads * dims.width() * 4) as u64);
+        let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::mla_absorb(&gpu, enc, &dims, &absorb_cache, &q1, &wkv, &qa1, 1, prof))?;
+        push(&mut rows, "MLA absorb (W_UK into q), one token".into(), t, (dims.heads * dims.nope * dims.latent * 2) as f64);
+    }
     for &s in &sizes {
         let run = || -> anyhow::Result<Vec<(String, f64, f64)>> {
             let mut out = Vec::new();

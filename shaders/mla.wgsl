@@ -4,7 +4,8 @@
 //   mla_attend_grouped  as mla_attend for 8 heads per workgroup (each row staged once per 8 heads)
 //   mla_attend   per (t, h, split): online softmax of qa[t,h] . row_s over its share of the
 //                selected rows (or all s <= q_pos0 + t when dense), partial (m, l, sum p*c[0..R])
-//   mla_combine  per (t, h): merge the splits, o = W_UV,h obar, optional sigmoid gate, lse
+//   mla_merge    per (t, h): merge the splits into obar (over split 0's partial) and lse
+//   mla_out      per (t, W_UV row): o = W_UV,h obar, optional sigmoid gate
 //   mla_logits   dense logits qa[t,h] . row_s for diagnostics, -inf beyond the causal limit
 // Preconditions (host): q [T, q_stride] f32 with head h at h*(Dn+E) (nope then pe); kv_b_proj
 // bf16 [H*(Dn+Dv), R] packed two per u32; R even, R <= 512, R+E <= 576, (R+E) % 8 == 0; the latent
@@ -52,26 +53,58 @@ fn wkv_at(i: u32) -> f32 {
     return select(lo(word), hi(word), (i & 1u) == 1u);
 }
 
+// mla_absorb: grid (ceil(R / 128), H, T); thread (word u of 64, row group g of 4) sums rows
+// i = g, g + 4, ... of W_UK,h for two latent columns, eight independent loads per step (a
+// thread per column looping over all rows waited on each load in turn).
+var<workgroup> qn: array<f32, 512>;
+var<workgroup> part2: array<vec2<f32>, 256>;
+
+fn absorb_term(row0: u32, i: u32, w: u32, words: u32) -> vec2<f32> {
+    let ic = min(i, p.nope - 1u);
+    let x = wkv[(row0 + ic) * words + w];
+    return select(0.0, qn[ic], i < p.nope) * vec2<f32>(lo(x), hi(x));
+}
+
 @compute @workgroup_size(256)
 fn mla_absorb(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let c = wg.x * WG + lid;
     let h = wg.y;
     let t = wg.z;
     let width = p.latent + p.rope;
-    if (c >= width) {
-        return;
-    }
+    let words = p.latent / 2u;
     let qh = t * p.q_stride + h * (p.nope + p.rope);
-    var acc = 0.0;
-    if (c < p.latent) {
-        let row0 = h * (p.nope + p.v_dim);
-        for (var i = 0u; i < p.nope; i++) {
-            acc += q[qh + i] * wkv_at((row0 + i) * p.latent + c);
-        }
-    } else {
-        acc = q[qh + p.nope + c - p.latent];
+    let out = (t * p.n_heads + h) * width;
+    for (var i = lid; i < p.nope; i += WG) {
+        qn[i] = q[qh + i];
     }
-    qa[(t * p.n_heads + h) * width + c] = acc * p.scale;
+    if (wg.x == 0u) {
+        for (var c = lid; c < p.rope; c += WG) {
+            qa[out + p.latent + c] = q[qh + p.nope + c] * p.scale;
+        }
+    }
+    workgroupBarrier();
+    let u = lid % 64u;
+    let g = lid / 64u;
+    let w = min(wg.x * 64u + u, words - 1u);
+    let row0 = h * (p.nope + p.v_dim);
+    var acc = vec2<f32>(0.0);
+    for (var i0 = g; i0 < p.nope; i0 += 32u) {
+        let t0 = absorb_term(row0, i0, w, words);
+        let t1 = absorb_term(row0, i0 + 4u, w, words);
+        let t2 = absorb_term(row0, i0 + 8u, w, words);
+        let t3 = absorb_term(row0, i0 + 12u, w, words);
+        let t4 = absorb_term(row0, i0 + 16u, w, words);
+        let t5 = absorb_term(row0, i0 + 20u, w, words);
+        let t6 = absorb_term(row0, i0 + 24u, w, words);
+        let t7 = absorb_term(row0, i0 + 28u, w, words);
+        acc += ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7));
+    }
+    part2[lid] = acc;
+    workgroupBarrier();
+    if (g == 0u && wg.x * 64u + u < words) {
+        let s = (part2[u] + part2[u + 64u]) + (part2[u + 128u] + part2[u + 192u]);
+        qa[out + 2u * w] = s.x * p.scale;
+        qa[out + 2u * w + 1u] = s.y * p.scale;
+    }
 }
 
 @group(0) @binding(4) var<storage, read> sel: array<i32>;
@@ -471,74 +504,101 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
 @group(0) @binding(23) var<storage, read_write> o: array<f32>;
 @group(0) @binding(24) var<storage, read_write> lse: array<f32>;
 
-var<workgroup> ob: array<f32, 512>;
-var<workgroup> pr: array<f32, 4224>; // 128 rows x 33 partials
-var<workgroup> msum: array<f32, 2>;
+// mla_merge: grid (H, T). Merges the splits of (t, h) into obar (the softmax-weighted mean
+// of the latent rows), written over split 0's partial, and the log-sum-exp.
+var<workgroup> ms: array<f32, 32>;
+var<workgroup> ls: array<f32, 32>;
 
 @compute @workgroup_size(256)
-fn mla_combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn mla_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wg.x;
     let t = wg.y;
     let stride = p.latent + 2u;
     let base = (t * p.n_heads + h) * p.splits * stride;
     let ninf = bitcast<f32>(0xff800000u);
-    var mx = ninf;
-    for (var s = 0u; s < p.splits; s++) {
-        mx = max(mx, part[base + s * stride]);
-    }
-    var total = 0.0;
-    for (var s = 0u; s < p.splits; s++) {
-        let ms = part[base + s * stride];
-        if (ms > ninf) {
-            total += part[base + s * stride + 1u] * exp(ms - mx);
-        }
-    }
-    let inv = select(0.0, 1.0 / total, total > 0.0);
-    for (var c = lid; c < p.latent; c += WG) {
-        var v = 0.0;
-        for (var s = 0u; s < p.splits; s++) {
-            let ms = part[base + s * stride];
-            if (ms > ninf) {
-                v += part[base + s * stride + 2u + c] * exp(ms - mx);
-            }
-        }
-        ob[c] = v * inv;
+    if (lid < 32u) {
+        let s = min(lid, p.splits - 1u);
+        ms[lid] = select(ninf, part[base + s * stride], lid < p.splits);
+        ls[lid] = select(0.0, part[base + s * stride + 1u], lid < p.splits);
     }
     workgroupBarrier();
-    // o = W_UV,h obar: 32 threads per W_UV row (coalesced row reads), 128 rows per round; the
-    // 32 partials of row v land in pr[v * 33 ..] and thread v adds them.
-    let lane = lid % 32u;
+    var mx = ninf;
+    for (var s = 0u; s < 32u; s++) {
+        mx = max(mx, ms[s]);
+    }
+    var total = 0.0;
+    for (var s = 0u; s < 32u; s++) {
+        total += select(0.0, ls[s] * exp(ms[s] - mx), ms[s] > ninf);
+    }
+    let inv = select(0.0, 1.0 / total, total > 0.0);
     let words = p.latent / 2u;
-    for (var v0 = 0u; v0 < p.v_dim; v0 += 128u) {
-        for (var vl = lid / 32u; vl < 128u; vl += WG / 32u) {
-            let v = v0 + vl;
-            var acc = 0.0;
-            if (v < p.v_dim) {
-                let w0 = (h * (p.nope + p.v_dim) + p.nope + v) * words;
-                for (var c = lane; c < words; c += 32u) {
-                    let x = wkv[w0 + c];
-                    acc += lo(x) * ob[2u * c] + hi(x) * ob[2u * c + 1u];
-                }
-            }
-            pr[vl * 33u + lane] = acc;
+    let w = min(lid, words - 1u);
+    var acc = vec2<f32>(0.0);
+    for (var s0 = 0u; s0 < p.splits; s0 += 8u) {
+        var v: array<vec2<f32>, 8>;
+        for (var j = 0u; j < 8u; j++) {
+            let s = min(s0 + j, p.splits - 1u);
+            let at = base + s * stride + 2u + 2u * w;
+            v[j] = vec2<f32>(part[at], part[at + 1u]);
         }
-        workgroupBarrier();
-        let v = v0 + lid;
-        if (lid < 128u && v < p.v_dim) {
-            var acc = 0.0;
-            for (var j = 0u; j < 32u; j++) {
-                acc += pr[lid * 33u + j];
-            }
-            let oi = (t * p.n_heads + h) * p.v_dim + v;
-            if (p.has_gate != 0u) {
-                acc *= 1.0 / (1.0 + exp(-gate[oi]));
-            }
-            o[oi] = acc;
+        for (var j = 0u; j < 8u; j++) {
+            let s = s0 + j;
+            let e = select(0.0, exp(ms[min(s, 31u)] - mx), s < p.splits && ms[min(s, 31u)] > ninf);
+            acc += e * v[j];
         }
-        workgroupBarrier();
+    }
+    workgroupBarrier();
+    storageBarrier();
+    if (lid < words) {
+        part[base + 2u + 2u * lid] = acc.x * inv;
+        part[base + 3u + 2u * lid] = acc.y * inv;
     }
     if (lid == 0u) {
         lse[t * p.n_heads + h] = mx + log(total);
+    }
+}
+
+// mla_out: grid (ceil(H * Dv / 8), T). o[t, h, v] = W_UV[h, v] . obar[t, h] (optional sigmoid
+// gate): 32 threads per row, eight independent loads each, then a 32-way sum.
+var<workgroup> red_o: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn mla_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wg.y;
+    let lane = lid % 32u;
+    let rows = p.n_heads * p.v_dim;
+    let row = min(wg.x * 8u + lid / 32u, rows - 1u);
+    let h = row / p.v_dim;
+    let v = row - h * p.v_dim;
+    let words = p.latent / 2u;
+    let w0 = (h * (p.nope + p.v_dim) + p.nope + v) * words;
+    let ob = (t * p.n_heads + h) * p.splits * (p.latent + 2u) + 2u;
+    var acc = 0.0;
+    for (var c0 = 0u; c0 < words; c0 += 256u) {
+        var xs: array<u32, 8>;
+        for (var j = 0u; j < 8u; j++) {
+            xs[j] = wkv[w0 + min(c0 + lane + 32u * j, words - 1u)];
+        }
+        for (var j = 0u; j < 8u; j++) {
+            let c = c0 + lane + 32u * j;
+            let cc = min(c, words - 1u);
+            let d = lo(xs[j]) * part[ob + 2u * cc] + hi(xs[j]) * part[ob + 2u * cc + 1u];
+            acc += select(0.0, d, c < words);
+        }
+    }
+    red_o[lid] = acc;
+    workgroupBarrier();
+    if (lid < 8u && wg.x * 8u + lid < rows) {
+        var s = 0.0;
+        for (var j = 0u; j < 32u; j++) {
+            s += red_o[lid * 32u + j];
+        }
+        let r = wg.x * 8u + lid;
+        let oi = t * rows + r;
+        if (p.has_gate != 0u) {
+            s *= 1.0 / (1.0 + exp(-gate[oi]));
+        }
+        o[oi] = s;
     }
 }
 

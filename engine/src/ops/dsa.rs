@@ -64,7 +64,8 @@ pub const TOPK_HIST3_SET: Kernel = Kernel::new("topk_hist3_set", "topk", "topk_h
 pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
 pub const MLA_ATTEND_GROUPED: Kernel = Kernel::new("mla_attend_grouped", "mla", "mla_attend_grouped");
-pub const MLA_COMBINE: Kernel = Kernel::new("mla_combine", "mla", "mla_combine");
+pub const MLA_MERGE: Kernel = Kernel::new("mla_merge", "mla", "mla_merge");
+pub const MLA_OUT: Kernel = Kernel::new("mla_out", "mla", "mla_out");
 pub const MLA_LOGITS: Kernel = Kernel::new("mla_logits", "mla", "mla_logits");
 pub const RMS_NORM: Kernel = Kernel::new("dsa_rms_norm", "dsa_misc", "rms_norm");
 pub const LAYER_NORM: Kernel = Kernel::new("dsa_layer_norm", "dsa_misc", "layer_norm");
@@ -84,7 +85,8 @@ pub const KERNELS: &[Kernel] = &[
     MLA_ABSORB,
     MLA_ATTEND,
     MLA_ATTEND_GROUPED,
-    MLA_COMBINE,
+    MLA_MERGE,
+    MLA_OUT,
     MLA_LOGITS,
     RMS_NORM,
     LAYER_NORM,
@@ -673,6 +675,9 @@ impl MlaDims {
                 self.latent, self.rope
             )));
         }
+        if self.nope == 0 || self.nope > 512 || self.v_dim == 0 {
+            return Err(shape_err(format!("MLA: nope head dim {} (1..=512) or v head dim {} unsupported", self.nope, self.v_dim)));
+        }
         Ok(())
     }
     fn params(&self, n_queries: usize, q_pos0: usize, cache: &PagedRows) -> MlaParams {
@@ -720,7 +725,7 @@ pub fn mla_absorb(
     need(q, n_queries * dims.heads * (dims.nope + dims.rope) * 4, "mla_absorb q")?;
     need(qa, n_queries * dims.heads * dims.width() * 4, "mla_absorb qa")?;
     let u = gpu.uniform("mla params", &dims.params(n_queries, 0, cache));
-    let groups = [dims.width().div_ceil(256) as u32, dims.heads as u32, n_queries as u32];
+    let groups = [dims.latent.div_ceil(128) as u32, dims.heads as u32, n_queries as u32];
     check_groups(gpu, "mla_absorb", groups)?;
     run(gpu, enc, &MLA_ABSORB, &[(0, &u), (1, q), (2, wkv), (3, qa)], groups, profiler)
 }
@@ -836,8 +841,11 @@ pub fn mla_attention_variant(
     let groups = [splits as u32, head_groups as u32, n_queries as u32];
     check_groups(gpu, "mla_attend", groups)?;
     run(gpu, enc, &kernel, &entries, groups, profiler.as_deref_mut())?;
-    let entries = [(0, &u), (2, wkv), (5, part), (22, gate.unwrap_or(dummy)), (23, o), (24, lse)];
-    run(gpu, enc, &MLA_COMBINE, &entries, [dims.heads as u32, n_queries as u32, 1], profiler)
+    run(gpu, enc, &MLA_MERGE, &[(0, &u), (5, part), (24, lse)], [dims.heads as u32, n_queries as u32, 1], profiler.as_deref_mut())?;
+    let entries = [(0, &u), (2, wkv), (5, part), (22, gate.unwrap_or(dummy)), (23, o)];
+    let groups = [(dims.heads * dims.v_dim).div_ceil(8) as u32, n_queries as u32, 1];
+    check_groups(gpu, "mla_out", groups)?;
+    run(gpu, enc, &MLA_OUT, &entries, groups, profiler)
 }
 
 /// Dense scaled logits [T, H, n_pos] of qa against cache rows 0..n_pos (-inf beyond
