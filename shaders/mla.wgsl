@@ -109,24 +109,25 @@ fn mla_absorb(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 
 @group(0) @binding(4) var<storage, read> sel: array<i32>;
 @group(0) @binding(5) var<storage, read_write> part: array<f32>;
-@group(0) @binding(6) var<storage, read> c0: array<u32>;
-@group(0) @binding(7) var<storage, read> c1: array<u32>;
-@group(0) @binding(8) var<storage, read> c2: array<u32>;
-@group(0) @binding(9) var<storage, read> c3: array<u32>;
-@group(0) @binding(10) var<storage, read> c4: array<u32>;
-@group(0) @binding(11) var<storage, read> c5: array<u32>;
-@group(0) @binding(12) var<storage, read> c6: array<u32>;
-@group(0) @binding(13) var<storage, read> c7: array<u32>;
-@group(0) @binding(14) var<storage, read> c8: array<u32>;
-@group(0) @binding(15) var<storage, read> c9: array<u32>;
-@group(0) @binding(16) var<storage, read> c10: array<u32>;
-@group(0) @binding(17) var<storage, read> c11: array<u32>;
-@group(0) @binding(18) var<storage, read> c12: array<u32>;
-@group(0) @binding(19) var<storage, read> c13: array<u32>;
-@group(0) @binding(20) var<storage, read> c14: array<u32>;
-@group(0) @binding(21) var<storage, read> c15: array<u32>;
+@group(0) @binding(6) var<storage, read> c0: array<vec4<u32>>;
+@group(0) @binding(7) var<storage, read> c1: array<vec4<u32>>;
+@group(0) @binding(8) var<storage, read> c2: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read> c3: array<vec4<u32>>;
+@group(0) @binding(10) var<storage, read> c4: array<vec4<u32>>;
+@group(0) @binding(11) var<storage, read> c5: array<vec4<u32>>;
+@group(0) @binding(12) var<storage, read> c6: array<vec4<u32>>;
+@group(0) @binding(13) var<storage, read> c7: array<vec4<u32>>;
+@group(0) @binding(14) var<storage, read> c8: array<vec4<u32>>;
+@group(0) @binding(15) var<storage, read> c9: array<vec4<u32>>;
+@group(0) @binding(16) var<storage, read> c10: array<vec4<u32>>;
+@group(0) @binding(17) var<storage, read> c11: array<vec4<u32>>;
+@group(0) @binding(18) var<storage, read> c12: array<vec4<u32>>;
+@group(0) @binding(19) var<storage, read> c13: array<vec4<u32>>;
+@group(0) @binding(20) var<storage, read> c14: array<vec4<u32>>;
+@group(0) @binding(21) var<storage, read> c15: array<vec4<u32>>;
 
-fn page_word(page: u32, i: u32) -> u32 {
+// 16-byte unit i of page `page` (rows are (R + E) / 8 units; R + E is a multiple of 8).
+fn page_unit(page: u32, i: u32) -> vec4<u32> {
     switch page {
         case 0u: { return c0[i]; }
         case 1u: { return c1[i]; }
@@ -145,6 +146,10 @@ fn page_word(page: u32, i: u32) -> u32 {
         case 14u: { return c14[i]; }
         default: { return c15[i]; }
     }
+}
+
+fn page_word(page: u32, i: u32) -> u32 {
+    return page_unit(page, i >> 2u)[i & 3u];
 }
 
 // Page geometry (same as indexer.wgsl): returns (page, row in page).
@@ -281,28 +286,29 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 
 // mla_attend_grouped: the same partials as mla_attend, but one workgroup serves HG heads of a
 // query, so each selected row is staged in workgroup memory once per HG heads (not once per
-// head): grid (splits, ceil(H / HG), T). Per block of 16 rows, thread (half, head, row) forms half
-// of one logit; 8 threads run the online softmax of the block (one per head); then every thread
-// owning latent word lid accumulates p * c for all HG heads (vec2 accumulators in registers).
+// head): grid (splits, ceil(H / HG), T). Per block of 16 rows: 16 threads per row stage it with
+// 16-byte loads (one page lookup per thread; the next block's loads are in flight while this one
+// is used); thread (half, head, row) forms half of one logit from 16-byte units; 128 threads
+// (head, row) run the block's online-softmax step in parallel; then every thread owning latent
+// word lid accumulates p * c for all HG heads (vec2 accumulators in registers).
 const HG: u32 = 8u;
-const QW: u32 = 288u;      // q words per head in qg (>= (R + E) / 2)
-const RSTRIDE: u32 = 289u; // staged row stride in words (odd: rows fall in different banks)
+const QU: u32 = 144u;     // q vec4s per head in qv (>= (R + E) / 4)
+const USTRIDE: u32 = 73u; // staged row stride in 16-byte units (odd: rows fall in different banks)
+const SU: u32 = 5u;       // staged units per thread per block: ceil(72 / 16)
 
-var<workgroup> rows_g: array<u32, 4624>;   // BLOCK x RSTRIDE
-var<workgroup> qg: array<vec2<f32>, 2304>; // HG x QW
-var<workgroup> lgb: array<f32, 256>;       // half-dot partials [half][head][row]
-var<workgroup> pv: array<f32, 128>;        // p [head][row] of the block
-var<workgroup> hm: array<f32, HG>;         // running max per head
-var<workgroup> hl: array<f32, HG>;         // running sum per head
-var<workgroup> hc: array<f32, HG>;         // this block's rescale per head
+var<workgroup> rows_u: array<vec4<u32>, 1168>; // BLOCK x USTRIDE
+var<workgroup> qv: array<vec4<f32>, 1152>;     // HG x QU
+var<workgroup> lgb: array<f32, 256>;           // half-dot partials [half][head][row]
+var<workgroup> pl: array<f32, 128>;            // logits [head][row] of the block
+var<workgroup> pe: array<f32, 128>;            // p [head][row] of the block
+var<workgroup> hm: array<f32, HG>;             // running max per head
+var<workgroup> hl: array<f32, HG>;             // running sum per head
+var<workgroup> hc: array<f32, HG>;             // this block's rescale per head
+var<workgroup> rpg: array<u32, 32>;            // [2 slots][BLOCK] page of each row (NONE: no row)
+var<workgroup> rbs: array<u32, 32>;            // [2 slots][BLOCK] first unit of each row in its page
 
-const PF: u32 = 18u; // staged words per thread per block: BLOCK * 288 / WG
-
-var<workgroup> rpg: array<u32, 32>; // [2 slots][BLOCK] page of each row (NONE: no row)
-var<workgroup> rbs: array<u32, 32>; // [2 slots][BLOCK] first word of each row in its page
-
-// Selection entry idx (< r1) of query t as (page, first word) in slot `slot`, row lid.
-fn row_at(slot: u32, b: u32, r1: u32, t: u32, words: u32, lid: u32) {
+// Selection entry idx (< r1) of query t as (page, first unit) in slot `slot`, row lid.
+fn row_at(slot: u32, b: u32, r1: u32, t: u32, units: u32, lid: u32) {
     let idx = b + lid;
     var pos = NONE;
     if (idx < r1) {
@@ -319,25 +325,14 @@ fn row_at(slot: u32, b: u32, r1: u32, t: u32, words: u32, lid: u32) {
     } else {
         let at = locate(pos);
         rpg[slot * BLOCK + lid] = at.x;
-        rbs[slot * BLOCK + lid] = at.y * words;
+        rbs[slot * BLOCK + lid] = at.y * units;
     }
 }
 
-// Word i of the block whose rows are in `slot` (0 past the block or for a missing row).
-fn block_word(slot: u32, i: u32, words: u32) -> u32 {
-    if (i >= BLOCK * words) {
-        return 0u;
-    }
-    let rr = i / words;
-    let pg = rpg[slot * BLOCK + rr];
-    if (pg == NONE) {
-        return 0u;
-    }
-    return page_word(pg, rbs[slot * BLOCK + rr] + i - rr * words);
-}
-
-fn pacc(a: vec2<f32>, h: u32, r: u32, x: vec2<f32>) -> vec2<f32> {
-    return a + pv[h * BLOCK + r] * x;
+fn unit_dot(x: vec4<u32>, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let l = bitcast<vec4<f32>>(x << vec4<u32>(16u));
+    let h = bitcast<vec4<f32>>(x & vec4<u32>(0xffff0000u));
+    return dot(vec4<f32>(l.x, h.x, l.y, h.y), a) + dot(vec4<f32>(l.z, h.z, l.w, h.w), b);
 }
 
 @compute @workgroup_size(256)
@@ -346,17 +341,17 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
     let h0 = wg.y * HG;
     let t = wg.z;
     let width = p.latent + p.rope;
-    let words = width / 2u;
+    let units = width / 8u;
     let ninf = bitcast<f32>(0xff800000u);
-    for (var i = lid; i < HG * words; i += WG) {
-        let hh = i / words;
-        let w = i - hh * words;
-        var v = vec2<f32>(0.0);
-        if (h0 + hh < p.n_heads) {
-            let qb = (t * p.n_heads + h0 + hh) * width + 2u * w;
-            v = vec2<f32>(qa[qb], qa[qb + 1u]);
+    for (var i = lid; i < HG * QU; i += WG) {
+        let hh = i / QU;
+        let u = i - hh * QU;
+        var v = vec4<f32>(0.0);
+        if (h0 + hh < p.n_heads && u < 2u * units) {
+            let qb = (t * p.n_heads + h0 + hh) * width + 4u * u;
+            v = vec4<f32>(qa[qb], qa[qb + 1u], qa[qb + 2u], qa[qb + 3u]);
         }
-        qg[hh * QW + w] = v;
+        qv[i] = v;
     }
     if (lid < HG) {
         hm[lid] = ninf;
@@ -366,10 +361,15 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
     let per = (n_sel + p.splits - 1u) / p.splits;
     let r0 = min(n_sel, split * per);
     let r1 = min(n_sel, r0 + per);
+    // Staging role: row sr of the block, units su + 16 j.
+    let sr = lid / 16u;
+    let su = lid % 16u;
+    // Logit role: (half, head lh, row lr).
     let lr = lid % BLOCK;
     let lh = (lid / BLOCK) % HG;
     let half = lid / (BLOCK * HG);
-    let hw = words / 2u;
+    let hu = (units + 1u) / 2u;
+    let u_end = min(units, half * hu + hu);
     let owned = lid < p.latent / 2u;
     var a0 = vec2<f32>(0.0);
     var a1 = vec2<f32>(0.0);
@@ -379,72 +379,76 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
     var a5 = vec2<f32>(0.0);
     var a6 = vec2<f32>(0.0);
     var a7 = vec2<f32>(0.0);
-    // Rows of the first block, then its loads into registers; each iteration stages the
-    // registers, issues the next block's loads and computes while they are in flight.
     if (lid < BLOCK) {
-        row_at(0u, r0, r1, t, words, lid);
+        row_at(0u, r0, r1, t, units, lid);
     }
     workgroupBarrier();
-    var xs: array<u32, PF>;
-    for (var j = 0u; j < PF; j++) {
-        xs[j] = block_word(0u, j * WG + lid, words);
+    var xs: array<vec4<u32>, SU>;
+    {
+        let pg = rpg[sr];
+        let rb = rbs[sr];
+        for (var j = 0u; j < SU; j++) {
+            let u = su + 16u * j;
+            xs[j] = select(vec4<u32>(0u), page_unit(pg, rb + min(u, units - 1u)), pg != NONE && u < units);
+        }
     }
     var slot = 0u;
     for (var b = r0; b < r1; b += BLOCK) {
         if (lid < BLOCK) {
-            row_at(1u - slot, b + BLOCK, r1, t, words, lid);
+            row_at(1u - slot, b + BLOCK, r1, t, units, lid);
         }
-        for (var j = 0u; j < PF; j++) {
-            let i = j * WG + lid;
-            if (i < BLOCK * words) {
-                let rr = i / words;
-                rows_g[rr * RSTRIDE + i - rr * words] = xs[j];
+        for (var j = 0u; j < SU; j++) {
+            let u = su + 16u * j;
+            if (u < units) {
+                rows_u[sr * USTRIDE + u] = xs[j];
             }
         }
         workgroupBarrier();
         if (b + BLOCK < r1) {
-            for (var j = 0u; j < PF; j++) {
-                xs[j] = block_word(1u - slot, j * WG + lid, words);
+            let pg = rpg[(1u - slot) * BLOCK + sr];
+            let rb = rbs[(1u - slot) * BLOCK + sr];
+            for (var j = 0u; j < SU; j++) {
+                let u = su + 16u * j;
+                xs[j] = select(vec4<u32>(0u), page_unit(pg, rb + min(u, units - 1u)), pg != NONE && u < units);
             }
         }
         var d = 0.0;
-        let rb = lr * RSTRIDE;
-        let qb = lh * QW;
-        for (var w = half * hw; w < half * hw + hw; w++) {
-            let x = rows_g[rb + w];
-            let qv = qg[qb + w];
-            d += lo(x) * qv.x + hi(x) * qv.y;
+        let rb = lr * USTRIDE;
+        let qb = lh * QU;
+        for (var u = half * hu; u < u_end; u++) {
+            d += unit_dot(rows_u[rb + u], qv[qb + 2u * u], qv[qb + 2u * u + 1u]);
         }
         lgb[lid] = d;
         workgroupBarrier();
-        if (lid < HG) {
-            var mb = ninf;
-            for (var r = 0u; r < BLOCK; r++) {
-                let v = select(ninf, lgb[lid * BLOCK + r] + lgb[BLOCK * HG + lid * BLOCK + r], rpg[slot * BLOCK + r] != NONE);
-                pv[lid * BLOCK + r] = v;
-                mb = max(mb, v);
-            }
-            let mo = hm[lid];
-            let mn = max(mo, mb);
-            var corr = 1.0;
-            var sum = 0.0;
-            if (mn > ninf) {
-                corr = exp(mo - mn);
-                for (var r = 0u; r < BLOCK; r++) {
-                    let e = exp(pv[lid * BLOCK + r] - mn);
-                    pv[lid * BLOCK + r] = e;
-                    sum += e;
-                }
-            } else {
-                for (var r = 0u; r < BLOCK; r++) {
-                    pv[lid * BLOCK + r] = 0.0;
-                }
-            }
-            hl[lid] = hl[lid] * corr + sum;
-            hm[lid] = mn;
-            hc[lid] = corr;
+        // Online softmax step, thread (head sh, row sr2) for lid < 128.
+        let sh = lid / BLOCK;
+        let sr2 = lid % BLOCK;
+        var mn = ninf;
+        if (lid < BLOCK * HG) {
+            pl[lid] = select(ninf, lgb[lid] + lgb[BLOCK * HG + lid], rpg[slot * BLOCK + sr2] != NONE);
         }
         workgroupBarrier();
+        if (lid < BLOCK * HG) {
+            var mb = ninf;
+            for (var r = 0u; r < BLOCK; r++) {
+                mb = max(mb, pl[sh * BLOCK + r]);
+            }
+            let mo = hm[sh];
+            mn = max(mo, mb);
+            pe[lid] = select(0.0, exp(pl[lid] - mn), mn > ninf);
+            if (sr2 == 0u) {
+                hc[sh] = select(1.0, exp(mo - mn), mn > ninf);
+            }
+        }
+        workgroupBarrier();
+        if (lid < BLOCK * HG && sr2 == 0u) {
+            var sum = 0.0;
+            for (var r = 0u; r < BLOCK; r++) {
+                sum += pe[lid + r];
+            }
+            hl[sh] = hl[sh] * hc[sh] + sum;
+            hm[sh] = mn;
+        }
         if (owned) {
             a0 *= hc[0];
             a1 *= hc[1];
@@ -454,17 +458,19 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
             a5 *= hc[5];
             a6 *= hc[6];
             a7 *= hc[7];
+            let wu = lid >> 2u;
+            let wc = lid & 3u;
             for (var r = 0u; r < BLOCK; r++) {
-                let xw = rows_g[r * RSTRIDE + lid];
-                let x = vec2<f32>(lo(xw), hi(xw));
-                a0 = pacc(a0, 0u, r, x);
-                a1 = pacc(a1, 1u, r, x);
-                a2 = pacc(a2, 2u, r, x);
-                a3 = pacc(a3, 3u, r, x);
-                a4 = pacc(a4, 4u, r, x);
-                a5 = pacc(a5, 5u, r, x);
-                a6 = pacc(a6, 6u, r, x);
-                a7 = pacc(a7, 7u, r, x);
+                let xw = rows_u[r * USTRIDE + wu][wc];
+                let x = vec2<f32>(bitcast<f32>(xw << 16u), bitcast<f32>(xw & 0xffff0000u));
+                a0 += pe[r] * x;
+                a1 += pe[BLOCK + r] * x;
+                a2 += pe[2u * BLOCK + r] * x;
+                a3 += pe[3u * BLOCK + r] * x;
+                a4 += pe[4u * BLOCK + r] * x;
+                a5 += pe[5u * BLOCK + r] * x;
+                a6 += pe[6u * BLOCK + r] * x;
+                a7 += pe[7u * BLOCK + r] * x;
             }
         }
         workgroupBarrier();

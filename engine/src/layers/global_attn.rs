@@ -8,7 +8,7 @@ use crate::checkpoint::TensorView;
 use crate::config::{IndexerConfig, MlaConfig, ModelConfig};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::ops::dsa::{self, MlaDims, PagedRows, TopkScratch};
-use crate::ops::linear::linear;
+use crate::ops::linear::{linear, linear_many};
 use crate::trace::{Selection, SelectionSink};
 
 /// Scores held per query block: Tb * S <= this many values (64 MiB of f32).
@@ -290,20 +290,20 @@ impl GlobalAttn {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         let mut prof = opts.profiler.as_deref_mut();
         // Projections of all T tokens at once (one token: the GEMV).
-        let proj = |enc: &mut wgpu::CommandEncoder, w: &GpuTensor, src: &wgpu::Buffer, dst: &wgpu::Buffer, prof: Option<&mut Profiler>| {
-            linear(gpu, enc, w, t_n, src, dst, prof)
-        };
+        // Every projection of x in as few dispatches as the GEMV allows (they share x).
+        let mut from_x: Vec<(&GpuTensor, &wgpu::Buffer)> = Vec::with_capacity(5);
         if let Some((qa, _)) = &self.q_a {
-            proj(&mut enc, qa, x, &cq, prof.as_deref_mut())?;
+            from_x.push((qa, &cq));
         }
-        proj(&mut enc, &self.kv_a, x, &kv, prof.as_deref_mut())?;
+        from_x.push((&self.kv_a, &kv));
         if let Some(gp) = &self.g_proj {
-            proj(&mut enc, gp, x, &g, prof.as_deref_mut())?;
+            from_x.push((gp, &g));
         }
         if let Some(ix) = &self.indexer {
-            proj(&mut enc, &ix.wk, x, &ki, prof.as_deref_mut())?;
-            proj(&mut enc, &ix.weights_proj, x, &wi, prof.as_deref_mut())?;
+            from_x.push((&ix.wk, &ki));
+            from_x.push((&ix.weights_proj, &wi));
         }
+        linear_many(gpu, &mut enc, &from_x, t_n, x, prof.as_deref_mut())?;
         let q_src = match &self.q_a {
             Some((_, norm)) => {
                 dsa::row_norm(gpu, &mut enc, &cq, t_n, r, 0, r, self.eps, norm, None, prof.as_deref_mut())?;
@@ -311,10 +311,11 @@ impl GlobalAttn {
             }
             None => x,
         };
-        proj(&mut enc, &self.q_b, q_src, &q, prof.as_deref_mut())?;
+        let mut from_q: Vec<(&GpuTensor, &wgpu::Buffer)> = vec![(&self.q_b, &q)];
         if let Some(ix) = &self.indexer {
-            proj(&mut enc, &ix.wq_b, q_src, &qi, prof.as_deref_mut())?;
+            from_q.push((&ix.wq_b, &qi));
         }
+        linear_many(gpu, &mut enc, &from_q, t_n, q_src, prof.as_deref_mut())?;
         // Cache rows: normalised latent | raw k_pe, and the LayerNorm'd index key.
         dsa::row_norm(gpu, &mut enc, &kv, t_n, dm.width(), 0, dm.latent, self.eps, &self.kv_a_norm, None, prof.as_deref_mut())?;
         cache.latent.write(gpu, &mut enc, &kv, dm.width(), 0, 0, t_n, pos0)?;
@@ -420,7 +421,7 @@ impl GlobalAttn {
             }
             t0 += nb;
         }
-        proj(&mut enc, &self.o_proj, &o, out, prof.as_deref_mut())?;
+        linear(gpu, &mut enc, &self.o_proj, t_n, &o, out, prof.as_deref_mut())?;
         gpu.queue.submit([enc.finish()]);
         Ok(diags)
     }

@@ -732,7 +732,7 @@ pub fn mla_absorb(
 
 /// Splits of the selection per (query, head) for the attention pass.
 pub fn attend_splits(n_sel: usize) -> usize {
-    n_sel.div_ceil(64).clamp(1, 32)
+    n_sel.div_ceil(16).clamp(1, 32)
 }
 
 /// Bytes of the partial-result buffer [T, H, splits, R+2] f32.
