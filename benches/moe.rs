@@ -2,7 +2,7 @@
 //! bf16 GEMV at the K3.1 shapes (every fast-path variant), MXFP4 top-16 expert GEMV of the
 //! real 3584 x 3072 experts (decode: gate/up + down, routing read from GPU memory), and a
 //! 2048-token prefill MoE chunk (grouped by expert on the GPU).
-//! Run: `cargo bench --bench moe [-- --quick] [--json FILE]`.
+//! Run: `cargo bench --bench moe [-- --quick] [--experts-only] [--json FILE]`.
 
 use k31_engine::bench::{breakdown, copy_bandwidth, time_gpu, Row};
 use k31_engine::config::{Activation, ExpertFormat};
@@ -15,6 +15,8 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
     let quick = args.iter().any(|a| a == "--quick");
+    // --experts-only: just the MXFP4 decode variants (kernel experiments).
+    let experts_only = args.iter().any(|a| a == "--experts-only");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}", gpu.describe());
     let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
@@ -22,7 +24,9 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
 
     // bf16 GEMV at K3.1 shapes, each fast-path variant.
-    let shapes: &[(&str, usize, usize)] = if quick {
+    let shapes: &[(&str, usize, usize)] = if experts_only {
+        &[]
+    } else if quick {
         &[("1024x1024", 1024, 1024)]
     } else {
         &[
@@ -62,7 +66,8 @@ fn main() -> anyhow::Result<()> {
     // Weight bytes one token reads: 3 matrices of packed nibbles + scales per selected expert.
     let expert_bytes = 3 * (n_mid * n_in / 2 + n_mid * n_in / 32);
     {
-        let z = gpu.storage_from("z", &vec![0.25f32; n_in]);
+        let z: Vec<f32> = (0..n_in).map(|i| 0.25 + ((i * 13 % 17) as f32 - 8.0) * 0.01).collect();
+        let z = gpu.storage_from("z", &z);
         // Selected experts spread over the pool (every 4th), weights from GPU memory.
         let idx: Vec<u32> = (0..top_k as u32).map(|j| (j * 4) % resident as u32).collect();
         let idx = gpu.storage_from("idx", &idx);
@@ -70,9 +75,21 @@ fn main() -> anyhow::Result<()> {
         let h = gpu.storage("h", (top_k * n_mid * 4) as u64);
         let y = gpu.storage("y", (n_in * 4) as u64);
         let call = moe::ExpertCall { layer: 0, tokens: 1, top_k, act };
+        // Every variant's output against the first one's (same inputs): a kernel experiment
+        // that is fast but wrong shows up here.
+        let mut first: Option<(&str, Vec<f32>)> = None;
         for kern in moe::DECODE_VARIANTS.iter().filter(|v| moe::decode_supported(&gpu, v)) {
             let name = kern.name;
             let t = time_gpu(&gpu, 5, 30, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, Some(*kern), &z, &idx, &wts, &h, &y, prof))?;
+            let got: Vec<f32> = gpu.read(&y, n_in)?;
+            match &first {
+                None => first = Some((name, got)),
+                Some((first_name, want)) => {
+                    let num: f64 = want.iter().zip(&got).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+                    let den: f64 = want.iter().map(|&a| (a as f64).powi(2)).sum();
+                    println!("    check {name} vs {first_name}: rel L2 {:.2e}", (num / den.max(1e-300)).sqrt());
+                }
+            }
             let row = Row {
                 name: format!("mxfp4 top-{top_k} experts {n_in}x{n_mid} decode {name}"),
                 time_us: t * 1e6,
@@ -89,7 +106,7 @@ fn main() -> anyhow::Result<()> {
     }
 
     // Prefill chunk: T tokens, top_k of the resident experts each, grouped on the GPU.
-    {
+    if !experts_only {
         let t = if quick { 64 } else { 2048 };
         let z = gpu.storage_from("z", &vec![0.25f32; t * n_in]);
         let idx: Vec<u32> = (0..t).flat_map(|r| (0..top_k).map(move |j| ((r * 7 + j * 3) % resident) as u32)).collect();
