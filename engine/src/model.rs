@@ -93,6 +93,9 @@ pub struct Forward {
     /// GPU memory reserved while this pass's buffers were alive (when profiling and the
     /// backend reports it).
     pub gpu_reserved_bytes: Option<u64>,
+    /// Seconds the host spent recording and submitting this pass (up to the logits
+    /// readback): when it approaches the wall time, decode is host-bound.
+    pub host_record_s: f64,
 }
 
 /// Builds the FFN of a layer (the MoE / dense MLP owners provide this).
@@ -195,6 +198,7 @@ impl Model {
             )));
         }
         let g = &*self.gpu;
+        let started = std::time::Instant::now();
         let d = cfg.hidden_size;
         let td = t * d;
         g.begin_frame();
@@ -319,6 +323,7 @@ impl Model {
         let logits = g.scratch("logits", (rows * vocab * 4) as u64);
         linear(g, &mut enc, &self.lm_head, rows, &head_in, &logits, prof.as_deref_mut())?;
         g.queue.submit([enc.finish()]);
+        let host_record_s = started.elapsed().as_secs_f64();
         let logits: Vec<f32> = g.read(&logits, rows * vocab)?;
         if let Some(sink) = hooks.sink.as_mut() {
             deferred.deliver(g, &mut **sink)?;
@@ -331,6 +336,6 @@ impl Model {
         }
         session.advance(tokens);
         hooks.profiler = prof;
-        Ok(Forward { logits, diagnostics, gpu_reserved_bytes })
+        Ok(Forward { logits, diagnostics, gpu_reserved_bytes, host_record_s })
     }
 }
