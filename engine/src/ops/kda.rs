@@ -31,6 +31,18 @@ pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode").un
 /// per thread); timed next to the default by benches/kda.rs.
 pub const KDA_DECODE_C16: Kernel =
     Kernel::new("kda_decode_c16", "kda", "kda_decode").with_constants(&[("C4", 4.0)]).unchecked();
+/// Tiled decode (kda_decode_t: 128-thread workgroups of 4 * TC4 value columns, branch-free
+/// conv prologue), 8, 16 and 32 columns per workgroup.
+pub const KDA_DECODE_T8: Kernel = Kernel::new("kda_decode_t8", "kda", "kda_decode_t").with_constants(&[("TC4", 2.0)]).unchecked();
+pub const KDA_DECODE_T16: Kernel = Kernel::new("kda_decode_t16", "kda", "kda_decode_t").with_constants(&[("TC4", 4.0)]).unchecked();
+pub const KDA_DECODE_T32: Kernel = Kernel::new("kda_decode_t32", "kda", "kda_decode_t").with_constants(&[("TC4", 8.0)]).unchecked();
+/// kda_decode_t with the key-row reduction on subgroup shuffles (kda_sg.wgsl).
+pub const KDA_DECODE_S8: Kernel =
+    Kernel::new("kda_decode_s8", "kda_sg", "kda_decode_sg").with_constants(&[("TC4", 2.0)]).subgroups().unchecked();
+pub const KDA_DECODE_S16: Kernel =
+    Kernel::new("kda_decode_s16", "kda_sg", "kda_decode_sg").with_constants(&[("TC4", 4.0)]).subgroups().unchecked();
+pub const KDA_DECODE_S32: Kernel =
+    Kernel::new("kda_decode_s32", "kda_sg", "kda_decode_sg").with_constants(&[("TC4", 8.0)]).subgroups().unchecked();
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
 pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
@@ -47,6 +59,12 @@ pub const KERNELS: &[Kernel] = &[
     KDA_CONV_SAVE,
     KDA_DECODE,
     KDA_DECODE_C16,
+    KDA_DECODE_T8,
+    KDA_DECODE_T16,
+    KDA_DECODE_T32,
+    KDA_DECODE_S8,
+    KDA_DECODE_S16,
+    KDA_DECODE_S32,
     KDA_GATED_NORM,
     KDA_CHUNK_CUMSUM,
     KDA_CHUNK_INTRA,
@@ -77,22 +95,72 @@ const COOP_BV: usize = 16;
 
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
-/// Decode kernel variants: the kernel and its value columns per workgroup (4 * C4 in kda.wgsl).
+/// Decode kernel variants: the kernel and its value columns per workgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeVariant {
-    /// 32 columns per workgroup (the default).
+    /// kda_decode, 32 columns per 256-thread workgroup (any conv width, no subgroups).
     C32,
-    /// 16 columns per workgroup.
+    /// kda_decode, 16 columns per workgroup.
     C16,
+    /// kda_decode_t (128 threads, branch-free prologue), 8 / 16 / 32 columns per workgroup.
+    T8,
+    T16,
+    T32,
+    /// kda_decode_sg: kda_decode_t with a subgroup-shuffle reduction.
+    S8,
+    S16,
+    S32,
 }
 
+/// Widest conv of the tiled decode kernels (DTAPS in kda.wgsl, kda_sg.wgsl).
+const DECODE_TAPS: usize = 4;
+
 impl DecodeVariant {
-    pub const ALL: [DecodeVariant; 2] = [DecodeVariant::C32, DecodeVariant::C16];
+    pub const ALL: [DecodeVariant; 8] = [
+        DecodeVariant::C32,
+        DecodeVariant::C16,
+        DecodeVariant::T8,
+        DecodeVariant::T16,
+        DecodeVariant::T32,
+        DecodeVariant::S8,
+        DecodeVariant::S16,
+        DecodeVariant::S32,
+    ];
+
     fn kernel(self) -> (&'static Kernel, usize) {
         match self {
             DecodeVariant::C32 => (&KDA_DECODE, 32),
             DecodeVariant::C16 => (&KDA_DECODE_C16, 16),
+            DecodeVariant::T8 => (&KDA_DECODE_T8, 8),
+            DecodeVariant::T16 => (&KDA_DECODE_T16, 16),
+            DecodeVariant::T32 => (&KDA_DECODE_T32, 32),
+            DecodeVariant::S8 => (&KDA_DECODE_S8, 8),
+            DecodeVariant::S16 => (&KDA_DECODE_S16, 16),
+            DecodeVariant::S32 => (&KDA_DECODE_S32, 32),
         }
+    }
+
+    /// Whether this variant runs on `gpu` at `geom`: the tiled kernels need conv width <= 4;
+    /// the subgroup ones also subgroups of at least 4 * columns / 4 = TC4 lanes.
+    pub fn runs_on(self, gpu: &Gpu, geom: &KdaGeom) -> bool {
+        let (kernel, cols) = self.kernel();
+        let tiled = !matches!(self, DecodeVariant::C32 | DecodeVariant::C16);
+        if tiled && geom.taps > DECODE_TAPS {
+            return false;
+        }
+        !kernel.needs_subgroups || (gpu.caps.subgroups && gpu.caps.subgroup_min as usize >= cols / 4)
+    }
+
+    /// The variants that run on `gpu` at `geom`.
+    pub fn available(gpu: &Gpu, geom: &KdaGeom) -> Vec<DecodeVariant> {
+        DecodeVariant::ALL.into_iter().filter(|v| v.runs_on(gpu, geom)).collect()
+    }
+
+    /// The variant [`decode`] uses: the first that runs of a preference order measured on the
+    /// H200 (docs/perf.md, KDA); C32 runs everywhere.
+    pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> DecodeVariant {
+        const PREFERENCE: [DecodeVariant; 1] = [DecodeVariant::C32];
+        PREFERENCE.into_iter().find(|v| v.runs_on(gpu, geom)).unwrap_or(DecodeVariant::C32)
     }
 }
 /// Value columns per state / output workgroup (LANES in kda_chunk.wgsl).
@@ -372,7 +440,7 @@ pub fn decode(
     o: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    decode_with(gpu, enc, DecodeVariant::C32, geom, pos, inp, ring, state, o, profiler)
+    decode_with(gpu, enc, DecodeVariant::default_for(gpu, geom), geom, pos, inp, ring, state, o, profiler)
 }
 
 /// [`decode`] through a given kernel variant.
@@ -390,6 +458,7 @@ pub fn decode_with(
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     check_inputs(geom, 1, inp, ring)?;
+    check_variant(gpu, geom, variant)?;
     let k = geom.head_dim;
     need(state, geom.heads * k * k, "state [H, K, V]")?;
     need(o, geom.proj(), "o [H, V]")?;
@@ -407,6 +476,13 @@ pub fn decode_with(
     ];
     let (kernel, cols) = variant.kernel();
     dispatch(gpu, enc, kernel, &uniform, &bufs, geom.heads * k.div_ceil(cols), profiler)
+}
+
+fn check_variant(gpu: &Gpu, geom: &KdaGeom, variant: DecodeVariant) -> Result<(), GpuError> {
+    if !variant.runs_on(gpu, geom) {
+        return Err(GpuError::Shape(format!("kda decode: variant {variant:?} does not run on this adapter at conv width {}", geom.taps)));
+    }
+    Ok(())
 }
 
 /// One layer's decode in [`decode_one_pass`].
@@ -430,6 +506,7 @@ pub fn decode_one_pass(
     timestamp_writes: Option<wgpu::ComputePassTimestampWrites>,
 ) -> Result<(), GpuError> {
     let k = geom.head_dim;
+    check_variant(gpu, geom, variant)?;
     let (kernel, cols) = variant.kernel();
     let pipeline = gpu.pipelines.get(gpu, kernel)?;
     let mut binds = Vec::with_capacity(steps.len());
