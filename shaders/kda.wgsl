@@ -296,17 +296,19 @@ fn kda_decode(
 // kda_decode: the prologue issues its loads unconditionally (decode_conv: no branch per tap,
 // so the compiler can batch them instead of paying one load latency per tap), every thread
 // of the tile computes one channel (kda_decode left v to C4 threads doing 4 channels each),
-// and 128-thread workgroups give 2-4x the workgroups at the same registers per row.
-// Needs taps <= DTAPS (host-checked). Same math, reduction and ring handling as kda_decode.
+// and the workgroup size and tile are pipeline constants: TC4 = 32 at K = 128 is one head
+// per workgroup, each row of the state read by consecutive threads in one contiguous 512 B.
+// Needs taps <= DTAPS and K <= DRG * DRMAX (host-checked). Same math, reduction and ring
+// handling as kda_decode.
 override TC4: u32 = 4u;            // vec4 value columns per workgroup
-const DWG: u32 = 128u;
+override DWG: u32 = 128u;          // threads per workgroup
 override DRG: u32 = DWG / TC4;     // key-row groups
-override DRMAX: u32 = 256u / DRG;  // rows per thread at the largest K (256)
+override DRMAX: u32 = 256u / DRG;  // register rows per thread (<= 16)
 const DTAPS: u32 = 4u;
 
-var<workgroup> sh_part: array<vec4<f32>, 384>;  // [3, DRG, TC4]: a_k | a_q | norms
-var<workgroup> sh_tot: array<vec4<f32>, 24>;    // [3, TC4]
-var<workgroup> sh_vt: array<f32, 32>;           // [4 * TC4] v of the tile's columns
+var<workgroup> sh_part: array<vec4<f32>, 3u * DWG>;  // [3, DRG, TC4]: a_k | a_q | norms
+var<workgroup> sh_tot: array<vec4<f32>, 3u * TC4>;  // [3, TC4]
+var<workgroup> sh_vt: array<f32, 4u * TC4>;         // v of the tile's columns
 
 // silu(conv) of channel ch for the one decode token: all DTAPS loads are unconditional
 // (out-of-window taps read a valid slot and are zeroed by select).
@@ -351,7 +353,7 @@ fn decode_prologue(h: u32, tile: u32, lid: u32) {
     }
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(DWG)
 fn kda_decode_t(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,

@@ -31,11 +31,33 @@ pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode").un
 /// per thread); timed next to the default by benches/kda.rs.
 pub const KDA_DECODE_C16: Kernel =
     Kernel::new("kda_decode_c16", "kda", "kda_decode").with_constants(&[("C4", 4.0)]).unchecked();
-/// Tiled decode (kda_decode_t: 128-thread workgroups of 4 * TC4 value columns, branch-free
-/// conv prologue), 8, 16 and 32 columns per workgroup.
+/// Tiled decode (kda_decode_t: branch-free conv prologue, workgroup size and tile as pipeline
+/// constants): 8, 16 and 32 columns per 128-thread workgroup, ...
 pub const KDA_DECODE_T8: Kernel = Kernel::new("kda_decode_t8", "kda", "kda_decode_t").with_constants(&[("TC4", 2.0)]).unchecked();
 pub const KDA_DECODE_T16: Kernel = Kernel::new("kda_decode_t16", "kda", "kda_decode_t").with_constants(&[("TC4", 4.0)]).unchecked();
 pub const KDA_DECODE_T32: Kernel = Kernel::new("kda_decode_t32", "kda", "kda_decode_t").with_constants(&[("TC4", 8.0)]).unchecked();
+/// ... 32 columns per 256 threads (kda_decode's tiling with the new prologue), 64 columns
+/// (half a K = 128 head) per 128, 256 or 512 threads, and 128 columns (one K = 128 head per
+/// workgroup, whole 512 B state rows per 32 threads) per 256 or 512 threads. DRMAX caps the
+/// rows per thread: these run only where K <= DRG * DRMAX.
+pub const KDA_DECODE_T32W256: Kernel = Kernel::new("kda_decode_t32w256", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 8.0), ("DWG", 256.0), ("DRMAX", 8.0)])
+    .unchecked();
+pub const KDA_DECODE_T64W128: Kernel = Kernel::new("kda_decode_t64w128", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 16.0), ("DWG", 128.0), ("DRMAX", 16.0)])
+    .unchecked();
+pub const KDA_DECODE_T64W256: Kernel = Kernel::new("kda_decode_t64w256", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 16.0), ("DWG", 256.0), ("DRMAX", 8.0)])
+    .unchecked();
+pub const KDA_DECODE_T64W512: Kernel = Kernel::new("kda_decode_t64w512", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 16.0), ("DWG", 512.0), ("DRMAX", 4.0)])
+    .unchecked();
+pub const KDA_DECODE_T128W256: Kernel = Kernel::new("kda_decode_t128w256", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 32.0), ("DWG", 256.0), ("DRMAX", 16.0)])
+    .unchecked();
+pub const KDA_DECODE_T128W512: Kernel = Kernel::new("kda_decode_t128w512", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 32.0), ("DWG", 512.0), ("DRMAX", 8.0)])
+    .unchecked();
 /// kda_decode_t with the key-row reduction on subgroup shuffles (kda_sg.wgsl).
 pub const KDA_DECODE_S8: Kernel =
     Kernel::new("kda_decode_s8", "kda_sg", "kda_decode_sg").with_constants(&[("TC4", 2.0)]).subgroups().unchecked();
@@ -62,6 +84,12 @@ pub const KERNELS: &[Kernel] = &[
     KDA_DECODE_T8,
     KDA_DECODE_T16,
     KDA_DECODE_T32,
+    KDA_DECODE_T32W256,
+    KDA_DECODE_T64W128,
+    KDA_DECODE_T64W256,
+    KDA_DECODE_T64W512,
+    KDA_DECODE_T128W256,
+    KDA_DECODE_T128W512,
     KDA_DECODE_S8,
     KDA_DECODE_S16,
     KDA_DECODE_S32,
@@ -102,11 +130,20 @@ pub enum DecodeVariant {
     C32,
     /// kda_decode, 16 columns per workgroup.
     C16,
-    /// kda_decode_t (128 threads, branch-free prologue), 8 / 16 / 32 columns per workgroup.
+    /// kda_decode_t (branch-free prologue), 8 / 16 / 32 columns per 128-thread workgroup.
     T8,
     T16,
     T32,
-    /// kda_decode_sg: kda_decode_t with a subgroup-shuffle reduction.
+    /// kda_decode_t, 32 columns per 256 threads (C32's tiling, T's prologue).
+    T32w256,
+    /// kda_decode_t, 64 columns per 128 / 256 / 512 threads.
+    T64w128,
+    T64w256,
+    T64w512,
+    /// kda_decode_t, 128 columns (a whole K = 128 head) per 256 / 512 threads.
+    T128w256,
+    T128w512,
+    /// kda_decode_sg: kda_decode_t (128 threads) with a subgroup-shuffle reduction.
     S8,
     S16,
     S32,
@@ -115,40 +152,81 @@ pub enum DecodeVariant {
 /// Widest conv of the tiled decode kernels (DTAPS in kda.wgsl, kda_sg.wgsl).
 const DECODE_TAPS: usize = 4;
 
+/// How a decode variant tiles the state.
+struct DecodeShape {
+    kernel: &'static Kernel,
+    /// Value columns per workgroup.
+    cols: usize,
+    /// Threads per workgroup.
+    threads: usize,
+    /// Register rows per thread (K <= row groups * this).
+    rows: usize,
+    /// kda_decode_t / kda_decode_sg (conv width <= DECODE_TAPS).
+    tiled: bool,
+}
+
 impl DecodeVariant {
-    pub const ALL: [DecodeVariant; 8] = [
+    pub const ALL: [DecodeVariant; 14] = [
         DecodeVariant::C32,
         DecodeVariant::C16,
         DecodeVariant::T8,
         DecodeVariant::T16,
         DecodeVariant::T32,
+        DecodeVariant::T32w256,
+        DecodeVariant::T64w128,
+        DecodeVariant::T64w256,
+        DecodeVariant::T64w512,
+        DecodeVariant::T128w256,
+        DecodeVariant::T128w512,
         DecodeVariant::S8,
         DecodeVariant::S16,
         DecodeVariant::S32,
     ];
 
-    fn kernel(self) -> (&'static Kernel, usize) {
+    fn shape(self) -> DecodeShape {
+        let t = |kernel, cols, threads, rows| DecodeShape { kernel, cols, threads, rows, tiled: true };
         match self {
-            DecodeVariant::C32 => (&KDA_DECODE, 32),
-            DecodeVariant::C16 => (&KDA_DECODE_C16, 16),
-            DecodeVariant::T8 => (&KDA_DECODE_T8, 8),
-            DecodeVariant::T16 => (&KDA_DECODE_T16, 16),
-            DecodeVariant::T32 => (&KDA_DECODE_T32, 32),
-            DecodeVariant::S8 => (&KDA_DECODE_S8, 8),
-            DecodeVariant::S16 => (&KDA_DECODE_S16, 16),
-            DecodeVariant::S32 => (&KDA_DECODE_S32, 32),
+            DecodeVariant::C32 => DecodeShape { kernel: &KDA_DECODE, cols: 32, threads: 256, rows: 8, tiled: false },
+            DecodeVariant::C16 => DecodeShape { kernel: &KDA_DECODE_C16, cols: 16, threads: 256, rows: 4, tiled: false },
+            DecodeVariant::T8 => t(&KDA_DECODE_T8, 8, 128, 4),
+            DecodeVariant::T16 => t(&KDA_DECODE_T16, 16, 128, 8),
+            DecodeVariant::T32 => t(&KDA_DECODE_T32, 32, 128, 16),
+            DecodeVariant::T32w256 => t(&KDA_DECODE_T32W256, 32, 256, 8),
+            DecodeVariant::T64w128 => t(&KDA_DECODE_T64W128, 64, 128, 16),
+            DecodeVariant::T64w256 => t(&KDA_DECODE_T64W256, 64, 256, 8),
+            DecodeVariant::T64w512 => t(&KDA_DECODE_T64W512, 64, 512, 4),
+            DecodeVariant::T128w256 => t(&KDA_DECODE_T128W256, 128, 256, 16),
+            DecodeVariant::T128w512 => t(&KDA_DECODE_T128W512, 128, 512, 8),
+            DecodeVariant::S8 => t(&KDA_DECODE_S8, 8, 128, 4),
+            DecodeVariant::S16 => t(&KDA_DECODE_S16, 16, 128, 8),
+            DecodeVariant::S32 => t(&KDA_DECODE_S32, 32, 128, 16),
         }
     }
 
-    /// Whether this variant runs on `gpu` at `geom`: the tiled kernels need conv width <= 4;
-    /// the subgroup ones also subgroups of at least 4 * columns / 4 = TC4 lanes.
+    fn kernel(self) -> (&'static Kernel, usize) {
+        let sh = self.shape();
+        (sh.kernel, sh.cols)
+    }
+
+    /// Whether this variant runs on `gpu` at `geom`: the tiled kernels need conv width <= 4,
+    /// K within their register rows and the adapter's workgroup size; the subgroup ones also
+    /// subgroups of at least columns / 4 lanes.
     pub fn runs_on(self, gpu: &Gpu, geom: &KdaGeom) -> bool {
-        let (kernel, cols) = self.kernel();
-        let tiled = !matches!(self, DecodeVariant::C32 | DecodeVariant::C16);
-        if tiled && geom.taps > DECODE_TAPS {
+        let sh = self.shape();
+        let row_groups = sh.threads / (sh.cols / 4);
+        if geom.head_dim > row_groups * sh.rows || sh.threads > gpu.caps.max_invocations as usize {
             return false;
         }
-        !kernel.needs_subgroups || (gpu.caps.subgroups && gpu.caps.subgroup_min as usize >= cols / 4)
+        // kda_decode_t's workgroup memory: partials [3, threads], q / k / decay [3, 256],
+        // totals [3, cols / 4] vec4 and v [cols].
+        let shared = 16 * 3 * sh.threads + 4 * 3 * 256 + 16 * 3 * sh.cols / 4 + 4 * sh.cols;
+        if sh.tiled && shared > gpu.caps.max_workgroup_storage as usize {
+            return false;
+        }
+        if sh.tiled && geom.taps > DECODE_TAPS {
+            return false;
+        }
+        !sh.kernel.needs_subgroups || (gpu.caps.subgroups && gpu.caps.subgroup_min as usize >= sh.cols / 4)
     }
 
     /// The variants that run on `gpu` at `geom`.
