@@ -296,8 +296,9 @@ fn kda_decode(
 // kda_decode: the prologue issues its loads unconditionally (decode_conv: no branch per tap,
 // so the compiler can batch them instead of paying one load latency per tap), every thread
 // of the tile computes one channel (kda_decode left v to C4 threads doing 4 channels each),
-// and the workgroup size and tile are pipeline constants: TC4 = 32 at K = 128 is one head
-// per workgroup, each row of the state read by consecutive threads in one contiguous 512 B.
+// and the workgroup size and tile are pipeline constants. On the H200, kda_decode's tiling
+// (32 columns, 256 threads) with this prologue is 35 % faster than kda_decode; whole-head
+// tiles (96 workgroups) and 128-thread workgroups were slower (docs/perf.md, KDA).
 // Needs taps <= DTAPS and K <= DRG * DRMAX (host-checked). Same math, reduction and ring
 // handling as kda_decode.
 override TC4: u32 = 4u;            // vec4 value columns per workgroup

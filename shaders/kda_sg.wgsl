@@ -3,7 +3,6 @@
 // (coalesced), the two norms come from subgroupAdd, so there is no barrier and no idle half
 // of a 256-thread workgroup. A separate file because a module that uses subgroup operations
 // needs the SUBGROUP feature as a whole; adapters without it keep kda.wgsl's kda_prep.
-// Also kda_decode_sg, the subgroup form of kda.wgsl's kda_decode_t.
 // Same parameters, bindings and preconditions as kda.wgsl.
 
 struct KdaParams {
@@ -29,8 +28,6 @@ struct KdaParams {
 @group(0) @binding(5) var<storage, read> a_log: array<f32>;     // [H]
 @group(0) @binding(6) var<storage, read> dt_bias: array<f32>;   // [P]
 @group(0) @binding(7) var<storage, read_write> ring: array<f32>; // [W, 3P]
-@group(0) @binding(8) var<storage, read_write> state: array<vec4<f32>>; // [H, K, V/4]
-@group(0) @binding(9) var<storage, read_write> o_out: array<f32>; // [T, H, V]
 @group(0) @binding(10) var<storage, read_write> q_out: array<f32>; // [T, H, K] l2n(q) * scale
 @group(0) @binding(11) var<storage, read_write> k_out: array<f32>; // [T, H, K] l2n(k)
 @group(0) @binding(12) var<storage, read_write> v_out: array<f32>; // [T, H, V]
@@ -127,149 +124,6 @@ fn kda_prep_sg(
         }
         if (lane == 0u) {
             beta_out[row] = sigmoid(blog[row]);
-        }
-    }
-}
-
-// Subgroup form of kda_decode_t (kda.wgsl; same tiling, prologue and math): the reduction
-// over key rows is a butterfly of subgroupShuffleXor over the lanes of one column, then one
-// partial per subgroup through shared memory, so two barriers instead of three and no serial
-// sum over all row groups. Thread roles come from (subgroup id, lane), not from the local
-// index, so lanes of one subgroup are known to share columns. Needs subgroup size >= TC4
-// (host-checked) and taps <= DTAPS.
-override TC4: u32 = 4u;            // vec4 value columns per workgroup
-const DWG: u32 = 128u;
-override DRG: u32 = DWG / TC4;     // key-row groups
-override DRMAX: u32 = 256u / DRG;  // rows per thread at the largest K (256)
-const DTAPS: u32 = 4u;
-
-var<workgroup> sd_q: array<f32, 256>;
-var<workgroup> sd_k: array<f32, 256>;
-var<workgroup> sd_d: array<f32, 256>;            // exp(g)
-var<workgroup> sd_vt: array<f32, 32>;            // [4 * TC4] v of the tile's columns
-var<workgroup> sd_part: array<vec4<f32>, 384>;   // [3, subgroups, TC4]
-
-// silu(conv) of channel ch for the one decode token, loads unconditional (see kda.wgsl).
-fn decode_conv(ch: u32) -> f32 {
-    if (p.post_conv == 1u) {
-        return qkv[ch];
-    }
-    let n3 = 3u * p.heads * p.dk;
-    var z = conv_w[ch * p.taps + p.taps - 1u] * qkv[ch];
-    for (var j = 1u; j < DTAPS; j++) {
-        let ok = j < p.taps && p.pos >= j;
-        let a = select(p.pos + 1u, p.pos - j, ok);
-        let x = ring[(a % p.taps) * n3 + ch];
-        let w = conv_w[ch * p.taps + select(0u, p.taps - 1u - j, ok)];
-        z += select(0.0, w * x, ok);
-    }
-    return silu(z);
-}
-
-@compute @workgroup_size(128)
-fn kda_decode_sg(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) sgs: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-) {
-    let dk4 = p.dk / 4u;
-    let tiles = (dk4 + TC4 - 1u) / TC4;
-    let id = wg.x + wg.y * nwg.x;
-    if (id >= p.heads * tiles) {
-        return;
-    }
-    let h = id / tiles;
-    let tile = id % tiles;
-    let vl = sg * sgs + lane;   // lanes of a subgroup: consecutive vl, same c4 every TC4
-    let c4 = vl % TC4;
-    let rg = vl / TC4;
-    let col4 = tile * TC4 + c4;
-    let live = col4 < dk4;
-    let base = h * p.dk * dk4 + col4;
-    var s: array<vec4<f32>, 16>;
-    for (var i = 0u; i < DRMAX; i++) {
-        let r = rg + i * DRG;
-        if (r < p.dk && live) {
-            s[i] = state[base + r * dk4];
-        }
-    }
-    // Prologue while the loads fly (as decode_prologue in kda.wgsl).
-    let pd = p.heads * p.dk;
-    let slot = (p.pos % p.taps) * 3u * pd;
-    for (var c = lid; c < p.dk; c += DWG) {
-        let ch = h * p.dk + c;
-        sd_q[c] = decode_conv(ch);
-        sd_k[c] = decode_conv(pd + ch);
-        sd_d[c] = exp(gate(h, c, fgate[ch]));
-        if (tile == 0u) {
-            ring[slot + ch] = qkv[ch];
-            ring[slot + pd + ch] = qkv[pd + ch];
-        }
-    }
-    let col = tile * 4u * TC4 + lid;
-    if (lid < 4u * TC4 && col < p.dk) {
-        let ch = 2u * pd + h * p.dk + col;
-        sd_vt[lid] = decode_conv(ch);
-        ring[slot + ch] = qkv[ch];
-    }
-    let beta = sigmoid(blog[h]);
-    workgroupBarrier();
-    var ak = vec4<f32>(0.0);
-    var aq = vec4<f32>(0.0);
-    var nrm = vec4<f32>(0.0);
-    for (var i = 0u; i < DRMAX; i++) {
-        let r = rg + i * DRG;
-        if (r < p.dk) {
-            let kr = sd_k[r];
-            let qr = sd_q[r];
-            s[i] *= sd_d[r];
-            ak += s[i] * kr;
-            aq += s[i] * qr;
-            nrm += vec4<f32>(kr * kr, qr * qr, qr * kr, 0.0);
-        }
-    }
-    for (var m = TC4; m < sgs; m = m << 1u) {
-        ak += subgroupShuffleXor(ak, m);
-        aq += subgroupShuffleXor(aq, m);
-        nrm += subgroupShuffleXor(nrm, m);
-    }
-    if (lane < TC4) {
-        sd_part[sg * TC4 + lane] = ak;
-        sd_part[128u + sg * TC4 + lane] = aq;
-        sd_part[256u + sg * TC4 + lane] = nrm;
-    }
-    workgroupBarrier();
-    var tk = vec4<f32>(0.0);
-    var tq = vec4<f32>(0.0);
-    var tn = vec4<f32>(0.0);
-    for (var j = 0u; j < nsg; j++) {
-        tk += sd_part[j * TC4 + c4];
-        tq += sd_part[128u + j * TC4 + c4];
-        tn += sd_part[256u + j * TC4 + c4];
-    }
-    let rk = inverseSqrt(tn.x + 1e-6);
-    let rq = inverseSqrt(tn.y + 1e-6) * p.scale;
-    let vv = vec4<f32>(sd_vt[4u * c4], sd_vt[4u * c4 + 1u], sd_vt[4u * c4 + 2u], sd_vt[4u * c4 + 3u]);
-    let u = beta * (vv - tk * rk);
-    if (live) {
-        if (rg == 0u) {
-            let o = tq * rq + u * (tn.z * rk * rq);
-            let ob = h * p.dk + col4 * 4u;
-            o_out[ob] = o.x;
-            o_out[ob + 1u] = o.y;
-            o_out[ob + 2u] = o.z;
-            o_out[ob + 3u] = o.w;
-        }
-        let uk = u * rk;
-        for (var i = 0u; i < DRMAX; i++) {
-            let r = rg + i * DRG;
-            if (r < p.dk) {
-                state[base + r * dk4] = s[i] + sd_k[r] * uk;
-            }
         }
     }
 }

@@ -36,35 +36,19 @@ pub const KDA_DECODE_C16: Kernel =
 pub const KDA_DECODE_T8: Kernel = Kernel::new("kda_decode_t8", "kda", "kda_decode_t").with_constants(&[("TC4", 2.0)]).unchecked();
 pub const KDA_DECODE_T16: Kernel = Kernel::new("kda_decode_t16", "kda", "kda_decode_t").with_constants(&[("TC4", 4.0)]).unchecked();
 pub const KDA_DECODE_T32: Kernel = Kernel::new("kda_decode_t32", "kda", "kda_decode_t").with_constants(&[("TC4", 8.0)]).unchecked();
-/// ... 32 columns per 256 threads (kda_decode's tiling with the new prologue), 64 columns
-/// (half a K = 128 head) per 128, 256 or 512 threads, and 128 columns (one K = 128 head per
-/// workgroup, whole 512 B state rows per 32 threads) per 256 or 512 threads. DRMAX caps the
-/// rows per thread: these run only where K <= DRG * DRMAX.
+/// ... 32 columns per 256 threads (kda_decode's tiling with the new prologue: the fastest
+/// variant measured on the H200, docs/perf.md), and two not yet measured: 16 columns per
+/// 256 threads (768 workgroups, 2 rows per thread) and 32 columns per 512 threads.
+/// DRMAX caps the rows per thread: a variant runs only where K <= DRG * DRMAX.
 pub const KDA_DECODE_T32W256: Kernel = Kernel::new("kda_decode_t32w256", "kda", "kda_decode_t")
     .with_constants(&[("TC4", 8.0), ("DWG", 256.0), ("DRMAX", 8.0)])
     .unchecked();
-pub const KDA_DECODE_T64W128: Kernel = Kernel::new("kda_decode_t64w128", "kda", "kda_decode_t")
-    .with_constants(&[("TC4", 16.0), ("DWG", 128.0), ("DRMAX", 16.0)])
+pub const KDA_DECODE_T16W256: Kernel = Kernel::new("kda_decode_t16w256", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 4.0), ("DWG", 256.0), ("DRMAX", 4.0)])
     .unchecked();
-pub const KDA_DECODE_T64W256: Kernel = Kernel::new("kda_decode_t64w256", "kda", "kda_decode_t")
-    .with_constants(&[("TC4", 16.0), ("DWG", 256.0), ("DRMAX", 8.0)])
+pub const KDA_DECODE_T32W512: Kernel = Kernel::new("kda_decode_t32w512", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 8.0), ("DWG", 512.0), ("DRMAX", 4.0)])
     .unchecked();
-pub const KDA_DECODE_T64W512: Kernel = Kernel::new("kda_decode_t64w512", "kda", "kda_decode_t")
-    .with_constants(&[("TC4", 16.0), ("DWG", 512.0), ("DRMAX", 4.0)])
-    .unchecked();
-pub const KDA_DECODE_T128W256: Kernel = Kernel::new("kda_decode_t128w256", "kda", "kda_decode_t")
-    .with_constants(&[("TC4", 32.0), ("DWG", 256.0), ("DRMAX", 16.0)])
-    .unchecked();
-pub const KDA_DECODE_T128W512: Kernel = Kernel::new("kda_decode_t128w512", "kda", "kda_decode_t")
-    .with_constants(&[("TC4", 32.0), ("DWG", 512.0), ("DRMAX", 8.0)])
-    .unchecked();
-/// kda_decode_t with the key-row reduction on subgroup shuffles (kda_sg.wgsl).
-pub const KDA_DECODE_S8: Kernel =
-    Kernel::new("kda_decode_s8", "kda_sg", "kda_decode_sg").with_constants(&[("TC4", 2.0)]).subgroups().unchecked();
-pub const KDA_DECODE_S16: Kernel =
-    Kernel::new("kda_decode_s16", "kda_sg", "kda_decode_sg").with_constants(&[("TC4", 4.0)]).subgroups().unchecked();
-pub const KDA_DECODE_S32: Kernel =
-    Kernel::new("kda_decode_s32", "kda_sg", "kda_decode_sg").with_constants(&[("TC4", 8.0)]).subgroups().unchecked();
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
 pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
@@ -85,14 +69,8 @@ pub const KERNELS: &[Kernel] = &[
     KDA_DECODE_T16,
     KDA_DECODE_T32,
     KDA_DECODE_T32W256,
-    KDA_DECODE_T64W128,
-    KDA_DECODE_T64W256,
-    KDA_DECODE_T64W512,
-    KDA_DECODE_T128W256,
-    KDA_DECODE_T128W512,
-    KDA_DECODE_S8,
-    KDA_DECODE_S16,
-    KDA_DECODE_S32,
+    KDA_DECODE_T16W256,
+    KDA_DECODE_T32W512,
     KDA_GATED_NORM,
     KDA_CHUNK_CUMSUM,
     KDA_CHUNK_INTRA,
@@ -134,22 +112,15 @@ pub enum DecodeVariant {
     T8,
     T16,
     T32,
-    /// kda_decode_t, 32 columns per 256 threads (C32's tiling, T's prologue).
+    /// kda_decode_t, 32 columns per 256 threads (C32's tiling, T's prologue): the default
+    /// where it runs (conv width <= 4), measured fastest on the H200.
     T32w256,
-    /// kda_decode_t, 64 columns per 128 / 256 / 512 threads.
-    T64w128,
-    T64w256,
-    T64w512,
-    /// kda_decode_t, 128 columns (a whole K = 128 head) per 256 / 512 threads.
-    T128w256,
-    T128w512,
-    /// kda_decode_sg: kda_decode_t (128 threads) with a subgroup-shuffle reduction.
-    S8,
-    S16,
-    S32,
+    /// kda_decode_t, 16 columns per 256 threads and 32 per 512 (not yet measured).
+    T16w256,
+    T32w512,
 }
 
-/// Widest conv of the tiled decode kernels (DTAPS in kda.wgsl, kda_sg.wgsl).
+/// Widest conv of the tiled decode kernels (DTAPS in kda.wgsl).
 const DECODE_TAPS: usize = 4;
 
 /// How a decode variant tiles the state.
@@ -161,26 +132,20 @@ struct DecodeShape {
     threads: usize,
     /// Register rows per thread (K <= row groups * this).
     rows: usize,
-    /// kda_decode_t / kda_decode_sg (conv width <= DECODE_TAPS).
+    /// kda_decode_t (conv width <= DECODE_TAPS).
     tiled: bool,
 }
 
 impl DecodeVariant {
-    pub const ALL: [DecodeVariant; 14] = [
+    pub const ALL: [DecodeVariant; 8] = [
         DecodeVariant::C32,
         DecodeVariant::C16,
         DecodeVariant::T8,
         DecodeVariant::T16,
         DecodeVariant::T32,
         DecodeVariant::T32w256,
-        DecodeVariant::T64w128,
-        DecodeVariant::T64w256,
-        DecodeVariant::T64w512,
-        DecodeVariant::T128w256,
-        DecodeVariant::T128w512,
-        DecodeVariant::S8,
-        DecodeVariant::S16,
-        DecodeVariant::S32,
+        DecodeVariant::T16w256,
+        DecodeVariant::T32w512,
     ];
 
     fn shape(self) -> DecodeShape {
@@ -192,14 +157,8 @@ impl DecodeVariant {
             DecodeVariant::T16 => t(&KDA_DECODE_T16, 16, 128, 8),
             DecodeVariant::T32 => t(&KDA_DECODE_T32, 32, 128, 16),
             DecodeVariant::T32w256 => t(&KDA_DECODE_T32W256, 32, 256, 8),
-            DecodeVariant::T64w128 => t(&KDA_DECODE_T64W128, 64, 128, 16),
-            DecodeVariant::T64w256 => t(&KDA_DECODE_T64W256, 64, 256, 8),
-            DecodeVariant::T64w512 => t(&KDA_DECODE_T64W512, 64, 512, 4),
-            DecodeVariant::T128w256 => t(&KDA_DECODE_T128W256, 128, 256, 16),
-            DecodeVariant::T128w512 => t(&KDA_DECODE_T128W512, 128, 512, 8),
-            DecodeVariant::S8 => t(&KDA_DECODE_S8, 8, 128, 4),
-            DecodeVariant::S16 => t(&KDA_DECODE_S16, 16, 128, 8),
-            DecodeVariant::S32 => t(&KDA_DECODE_S32, 32, 128, 16),
+            DecodeVariant::T16w256 => t(&KDA_DECODE_T16W256, 16, 256, 4),
+            DecodeVariant::T32w512 => t(&KDA_DECODE_T32W512, 32, 512, 4),
         }
     }
 
@@ -209,8 +168,7 @@ impl DecodeVariant {
     }
 
     /// Whether this variant runs on `gpu` at `geom`: the tiled kernels need conv width <= 4,
-    /// K within their register rows and the adapter's workgroup size; the subgroup ones also
-    /// subgroups of at least columns / 4 lanes.
+    /// K within their register rows and the adapter's workgroup size and memory.
     pub fn runs_on(self, gpu: &Gpu, geom: &KdaGeom) -> bool {
         let sh = self.shape();
         let row_groups = sh.threads / (sh.cols / 4);
@@ -223,10 +181,7 @@ impl DecodeVariant {
         if sh.tiled && shared > gpu.caps.max_workgroup_storage as usize {
             return false;
         }
-        if sh.tiled && geom.taps > DECODE_TAPS {
-            return false;
-        }
-        !sh.kernel.needs_subgroups || (gpu.caps.subgroups && gpu.caps.subgroup_min as usize >= sh.cols / 4)
+        !(sh.tiled && geom.taps > DECODE_TAPS)
     }
 
     /// The variants that run on `gpu` at `geom`.
@@ -237,7 +192,7 @@ impl DecodeVariant {
     /// The variant [`decode`] uses: the first that runs of a preference order measured on the
     /// H200 (docs/perf.md, KDA); C32 runs everywhere.
     pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> DecodeVariant {
-        const PREFERENCE: [DecodeVariant; 1] = [DecodeVariant::C32];
+        const PREFERENCE: [DecodeVariant; 2] = [DecodeVariant::T32w256, DecodeVariant::C32];
         PREFERENCE.into_iter().find(|v| v.runs_on(gpu, geom)).unwrap_or(DecodeVariant::C32)
     }
 }
