@@ -195,12 +195,14 @@ fn decode_variants_match_reference() {
     }
 }
 
-/// The tiled decode kernels need conv width <= 4: wider convs fall back to C32.
+/// The tiled decode kernels need conv width <= 4: the default is T32w256 up to that and
+/// C32 beyond.
 #[test]
 fn decode_variants_by_conv_width() {
     let Some(gpu) = support::gpu() else { return };
     let geom = |taps| KdaGeom { heads: 2, head_dim: 32, taps, gate: BOUNDED, post_conv: false };
     assert!(DecodeVariant::available(&gpu, &geom(4)).contains(&DecodeVariant::T16));
+    assert_eq!(DecodeVariant::default_for(&gpu, &geom(4)), DecodeVariant::T32w256);
     assert_eq!(DecodeVariant::available(&gpu, &geom(5)), vec![DecodeVariant::C32, DecodeVariant::C16]);
     assert!(DecodeVariant::default_for(&gpu, &geom(5)).runs_on(&gpu, &geom(5)));
     check_case_taps(&gpu, 28, 0, 4, 2, 32, BOUNDED, true, 6);
