@@ -168,8 +168,8 @@ fn decode_matches_reference() {
 
 /// Every decode variant this adapter runs (the default is also tested through every other
 /// case): partial and idle column tiles (K = 16, 48, 80), K = 256 (most rows per thread),
-/// conv widths 1-4, decode from position 0 (taps before the sequence start) and after a
-/// prefill (the ring hand-off).
+/// conv widths 1-4, decode from position 0 (taps before the sequence start), after a
+/// prefill (the ring hand-off) and on already-convolved inputs.
 #[test]
 fn decode_variants_match_reference() {
     let Some(gpu) = support::gpu() else { return };
@@ -183,14 +183,18 @@ fn decode_variants_match_reference() {
         (26, 2, 3, 3, 32, BOUNDED, false, 1),
         (27, 70, 5, 2, 128, BOUNDED, true, 4),
     ];
-    for (seed, t, n, h, k, gate, init, taps) in cases {
-        let core = random_core_taps(seed, t + n, h, k, gate, init, taps);
+    // One more case with inputs taken as already convolved (post_conv, as the goldens).
+    let post = (29, 2, 4, 2, 128, KdaGate::Softplus, true, 4);
+    for (i, (seed, t, n, h, k, gate, init, taps)) in cases.into_iter().chain([post]).enumerate() {
+        let mut core = random_core_taps(seed, t + n, h, k, gate, init, taps);
+        core.geom.post_conv = i == cases.len();
         let (want_o, want_s) = core.reference(t + n);
         for dv in DecodeVariant::available(&gpu, &core.geom) {
             let (got_o, got_s) = core.gpu_run_path(&gpu, ChunkPath::Simt, dv, t, n);
             let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
-            eprintln!("{dv:?} T={t} N={n} H={h} K={k} W={taps}: o {eo:.2e} state {es:.2e}");
-            assert!(eo <= TOL && es <= TOL, "{dv:?} decode T={t} N={n} H={h} K={k} W={taps}: o {eo:.2e} state {es:.2e}");
+            let pc = core.geom.post_conv;
+            eprintln!("{dv:?} T={t} N={n} H={h} K={k} W={taps} post_conv={pc}: o {eo:.2e} state {es:.2e}");
+            assert!(eo <= TOL && es <= TOL, "{dv:?} decode T={t} N={n} H={h} K={k} W={taps} post_conv={pc}: o {eo:.2e} state {es:.2e}");
         }
     }
 }
