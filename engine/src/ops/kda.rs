@@ -485,7 +485,7 @@ pub fn prep_with(
 }
 
 /// One decode token at absolute position `pos`: conv (advancing `ring`), gates, the state
-/// update of `state` [H, K, V] in place and o [H, V].
+/// update of `state` [H, K, V] in place and o [H, V], through [`DecodeVariant::default_for`].
 #[allow(clippy::too_many_arguments)]
 pub fn decode(
     gpu: &Gpu,
