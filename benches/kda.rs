@@ -5,15 +5,20 @@
 //!   Timed three ways: one compute pass per layer with its own timestamp pair (what the
 //!   engine's profiler sees), and all 16 layers in ONE pass with one timestamp pair (a) with
 //!   independent buffers per layer (dispatches may overlap) and (b) sharing the o buffer, so
-//!   wgpu orders them like dependent layers. A state-sized copy per pass is the same-shape
-//!   ceiling. The decode is checked against the chunked path at T = 1 on this GPU.
+//!   wgpu orders them like dependent layers. Same-size ceilings: a copy of each of the 16
+//!   states with a pass each, and all 16 copies in ONE pass, independent or ordered (every
+//!   dispatch writes its own range of one shared destination buffer, so wgpu puts a barrier
+//!   between them as between the ordered decodes). Each one-pass decode figure is printed as
+//!   a % of the large-buffer copy and of the same-size one-pass copy timed the same way.
+//!   Every variant this adapter runs is timed and checked against the chunked path at T = 1.
 //! * prefill: the chunked WY/UT path (prep + cumsum + intra + scan + out) at T = 8192, per path
 //!   (SIMT; cooperative matrices where the adapter has them), with a per-kernel breakdown, its
 //!   FLOP rate and its error against the f64 CPU recurrence on a few heads;
 //! * the same 8192 tokens token by token through the decode kernel (wall clock of one
 //!   submission), for the >= 20x comparison.
 //!
-//! Run: `cargo bench --bench kda -- [--quick] [--json FILE]`.
+//! Run: `cargo bench --bench kda -- [--quick] [--decode-only] [--json FILE]`
+//! (`--decode-only`: the decode section and its targets only).
 
 use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
 use k31_engine::config::KdaGate;
@@ -122,6 +127,7 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
     let quick = args.iter().any(|a| a == "--quick");
+    let decode_only = args.iter().any(|a| a == "--decode-only");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}  (coopmat: {})", gpu.describe(), gpu.caps.coopmat);
     let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
@@ -159,8 +165,55 @@ fn main() -> anyhow::Result<()> {
     })? / layers as f64;
     let row = per_row(format!("copy of one state ({:.1} MB), pass each", state_bytes as f64 / 1e6), t);
     row.print();
+    note(&mut extra, "copy_state_pass_each_us", t * 1e6);
     rows.push(row);
-    for dv in DecodeVariant::ALL {
+    // The same 16 copies in ONE pass: independent (own destinations) or ordered (ranges of one
+    // shared destination: wgpu tracks whole buffers, so it puts a barrier between them).
+    let copy_pipe = gpu.pipelines.get(&gpu, &k31_engine::ops::copy::COPY_VEC4)?;
+    let copy_uniform =
+        gpu.uniform("copy params", &k31_engine::ops::copy::CopyParams { words4: (state_bytes / 16) as u32, ..Default::default() });
+    let dst_all = gpu.storage("copy dst x layers", (layers * state_bytes) as u64);
+    let mut copy_one_pass = [f64::NAN; 2];
+    for (i, (label, ordered)) in [("one pass, independent", false), ("one pass, ordered", true)].into_iter().enumerate() {
+        let binds: Vec<wgpu::BindGroup> = (0..layers)
+            .map(|l| {
+                let dst = if ordered {
+                    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer: &dst_all,
+                        offset: (l * state_bytes) as u64,
+                        size: std::num::NonZeroU64::new(state_bytes as u64),
+                    })
+                } else {
+                    dsts[l].as_entire_binding()
+                };
+                gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("copy x layers"),
+                    layout: &copy_pipe.get_bind_group_layout(0),
+                    entries: &[
+                        wgpu::BindGroupEntry { binding: 0, resource: copy_uniform.as_entire_binding() },
+                        wgpu::BindGroupEntry { binding: 1, resource: states[l].as_entire_binding() },
+                        wgpu::BindGroupEntry { binding: 2, resource: dst },
+                    ],
+                })
+            })
+            .collect();
+        let (gx, gy) = gpu.grid((state_bytes / 16).div_ceil(256) as u32);
+        let t = time_one_pass(&gpu, 20, |enc, ts| {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("copy x layers"), timestamp_writes: ts });
+            pass.set_pipeline(&copy_pipe);
+            for b in &binds {
+                pass.set_bind_group(0, b, &[]);
+                pass.dispatch_workgroups(gx, gy, 1);
+            }
+            Ok(())
+        })? / layers as f64;
+        copy_one_pass[i] = t;
+        let row = per_row(format!("copy of one state, {label}"), t);
+        row.print();
+        note(&mut extra, &format!("copy_state_{}_us", if ordered { "one_pass_ordered" } else { "one_pass_independent" }), t * 1e6);
+        rows.push(row);
+    }
+    for dv in DecodeVariant::available(&gpu, &geom) {
         let t = time_gpu(&gpu, 3, 20, |enc, mut prof| {
             for ((s, rg), o) in states.iter().zip(&rings).zip(&os) {
                 kda::decode_with(&gpu, enc, dv, &geom, 100, &inp, rg, s, o, prof.as_deref_mut())?;
@@ -186,12 +239,16 @@ fn main() -> anyhow::Result<()> {
             })? / layers as f64;
             let row = per_row(format!("kda decode [{dv:?}] per layer, {label}"), t);
             row.print();
+            let same = copy_one_pass[shared_o as usize];
+            println!("{:<48} {:>10}     same-size copy, {label}: {:.2} us -> decode at {:.1} % of it", "", "", same * 1e6, 100.0 * same / t);
+            note(&mut extra, &format!("decode_{dv:?}_{}_pct_of_same_copy", if shared_o { "one_pass_ordered" } else { "one_pass_independent" }), 100.0 * same / t);
             note(&mut extra, &format!("decode_{dv:?}_{}_us", if shared_o { "one_pass_ordered" } else { "one_pass_independent" }), t * 1e6);
             rows.push(row);
         }
     }
-    // Check: decode vs prep + chunked prefill of the same single token, same ring and state.
-    {
+    // Check: each decode variant vs prep + chunked prefill of the same single token, same ring
+    // and state.
+    for dv in DecodeVariant::available(&gpu, &geom) {
         let s0 = rnd(heads * dk * dk, 0.1);
         let (sa, sb) = (gpu.storage_from("sa", &s0), gpu.storage_from("sb", &s0));
         let (ra, rb) = (gpu.storage_from("ra", &ring_data), gpu.storage_from("rb", &ring_data));
@@ -199,15 +256,50 @@ fn main() -> anyhow::Result<()> {
         let pre = Prepped::new(&gpu, &geom, 1);
         let scratch = ChunkScratch::for_path(&gpu, &geom, 1, ChunkPath::Simt)?;
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        kda::decode(&gpu, &mut enc, &geom, 100, &inp, &ra, &sa, &oa, None)?;
+        kda::decode_with(&gpu, &mut enc, dv, &geom, 100, &inp, &ra, &sa, &oa, None)?;
         kda::prep(&gpu, &mut enc, &geom, 1, 100, &inp, &rb, &pre, None)?;
         kda::chunk_prefill_with(&gpu, &mut enc, ChunkPath::Simt, &geom, &pre, &scratch, &sb, &ob, None)?;
         gpu.queue.submit([enc.finish()]);
         let (eo, _) = errors(&gpu.read::<f32>(&oa, p)?, &gpu.read::<f32>(&ob, p)?);
         let (es, _) = errors(&gpu.read::<f32>(&sa, heads * dk * dk)?, &gpu.read::<f32>(&sb, heads * dk * dk)?);
-        println!("    check: decode vs chunked SIMT at T=1: o rel L2 {eo:.2e}, state rel L2 {es:.2e}");
-        note(&mut extra, "decode_check_o_rel_l2", eo);
-        note(&mut extra, "decode_check_state_rel_l2", es);
+        println!("    check: decode [{dv:?}] vs chunked SIMT at T=1: o rel L2 {eo:.2e}, state rel L2 {es:.2e}");
+        note(&mut extra, &format!("decode_{dv:?}_check_o_rel_l2"), eo);
+        note(&mut extra, &format!("decode_{dv:?}_check_state_rel_l2"), es);
+    }
+    println!("    default decode variant here: {:?}", DecodeVariant::default_for(&gpu, &geom));
+
+    let want_us = 2.0 * state_bytes as f64 / (0.7 * copy * 1e9) * 1e6;
+    let decode_targets = |extra: &serde_json::Map<String, serde_json::Value>| {
+        println!("\n== targets ==");
+        let same = copy_one_pass[1] * 1e6;
+        println!(
+            "same-size copy per layer: {:.2} us pass each, {same:.2} us one pass ordered ({:.1} % of the large copy), {:.2} us one pass independent",
+            extra.get("copy_state_pass_each_us").and_then(|v| v.as_f64()).unwrap_or(f64::NAN),
+            100.0 * 2.0 * state_bytes as f64 / (same * 1e-6) / (copy * 1e9),
+            copy_one_pass[0] * 1e6
+        );
+        for dv in DecodeVariant::available(&gpu, &geom) {
+            let get = |k: &str| extra.get(&format!("decode_{dv:?}_{k}_us")).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
+            let ord = get("one_pass_ordered");
+            println!(
+                "decode [{dv:?}] per layer: {:.2} us pass each, {ord:.2} us one pass ordered ({:.1} % of large copy, {:.1} % of same-size ordered copy), {:.2} us one pass independent; 70 % of copy = {want_us:.2} us",
+                get("pass_each"),
+                100.0 * 2.0 * state_bytes as f64 / (ord * 1e-6) / (copy * 1e9),
+                100.0 * same / ord,
+                get("one_pass_independent")
+            );
+        }
+    };
+    if decode_only {
+        decode_targets(&extra);
+        if let Some(path) = json_out {
+            let mut j = serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows});
+            if let Some(m) = j.as_object_mut() {
+                m.extend(extra);
+            }
+            std::fs::write(&path, serde_json::to_string_pretty(&j)?)?;
+        }
+        return Ok(());
     }
 
     // ---- Chunked prefill, per path. ----
@@ -333,17 +425,7 @@ fn main() -> anyhow::Result<()> {
     note(&mut extra, "chunked_speedup", t_tok / t_best);
 
     // Targets (issue #4) against this run's numbers.
-    let want_us = 2.0 * state_bytes as f64 / (0.7 * copy * 1e9) * 1e6;
-    println!("\n== targets ==");
-    for dv in DecodeVariant::ALL {
-        let get = |k: &str| extra.get(&format!("decode_{dv:?}_{k}_us")).and_then(|v| v.as_f64()).unwrap_or(f64::NAN);
-        println!(
-            "decode [{dv:?}] per layer: {:.2} us pass each, {:.2} us one pass ordered, {:.2} us one pass independent; 70 % of copy = {want_us:.2} us",
-            get("pass_each"),
-            get("one_pass_ordered"),
-            get("one_pass_independent")
-        );
-    }
+    decode_targets(&extra);
     println!("prefill best path: {:.3} ms (target <= 2x fla chunk_kda, about 6.3 ms; fla measured 3.1 ms)", t_best * 1e3);
     println!("chunked vs token-by-token: {:.1}x (target >= 20x)", t_tok / t_best);
 

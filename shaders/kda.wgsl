@@ -291,6 +291,302 @@ fn kda_decode(
     }
 }
 
+// Decode, tiled form: one workgroup of DWG threads per (head, tile of 4*TC4 value columns),
+// thread (rg, c4) owning key rows rg, rg + DRG, ... of one vec4 of columns. What differs from
+// kda_decode: the prologue issues its loads unconditionally (decode_conv: no branch per tap,
+// so the compiler can batch them instead of paying one load latency per tap), every thread
+// of the tile computes one channel (kda_decode left v to C4 threads doing 4 channels each),
+// and the workgroup size and tile are pipeline constants. On the H200, kda_decode's tiling
+// (32 columns, 256 threads) with this prologue is 35 % faster than kda_decode; whole-head
+// tiles (96 workgroups) and 128-thread workgroups were slower (docs/perf.md, KDA).
+// Needs taps <= DTAPS and K <= DRG * DRMAX (host-checked). Same math, reduction and ring
+// handling as kda_decode.
+override TC4: u32 = 4u;            // vec4 value columns per workgroup
+override DWG: u32 = 128u;          // threads per workgroup
+override DRG: u32 = DWG / TC4;     // key-row groups
+override DRMAX: u32 = 256u / DRG;  // register rows per thread (<= 16)
+const DTAPS: u32 = 4u;
+
+var<workgroup> sh_part: array<vec4<f32>, 3u * DWG>;  // [3, DRG, TC4]: a_k | a_q | norms
+var<workgroup> sh_tot: array<vec4<f32>, 3u * TC4>;  // [3, TC4]
+var<workgroup> sh_vt: array<f32, 4u * TC4>;         // v of the tile's columns
+
+// silu(conv) of channel ch for the one decode token: all DTAPS loads are unconditional
+// (out-of-window taps read a valid slot and are zeroed by select).
+fn decode_conv(ch: u32) -> f32 {
+    if (p.post_conv == 1u) {
+        return qkv[ch];
+    }
+    let n3 = 3u * p.heads * p.dk;
+    var z = conv_w[ch * p.taps + p.taps - 1u] * qkv[ch];
+    for (var j = 1u; j < DTAPS; j++) {
+        // tap taps-1-j multiplies position pos - j
+        let ok = j < p.taps && p.pos >= j;
+        // A dropped tap reads the slot of pos + 1 (= pos - taps + 1), never the one written now.
+        let a = select(p.pos + 1u, p.pos - j, ok);
+        let x = ring[(a % p.taps) * n3 + ch];
+        let w = conv_w[ch * p.taps + select(0u, p.taps - 1u - j, ok)];
+        z += select(0.0, w * x, ok);
+    }
+    return silu(z);
+}
+
+// Prologue shared by both tiled decode kernels: sh_q, sh_k (unnormalised), sh_d = exp(g) per
+// key channel, sh_vt for this tile's columns; tile 0 writes this token into the ring.
+fn decode_prologue(h: u32, tile: u32, lid: u32) {
+    let pd = p.heads * p.dk;
+    let slot = (p.pos % p.taps) * 3u * pd;
+    for (var c = lid; c < p.dk; c += DWG) {
+        let ch = h * p.dk + c;
+        sh_q[c] = decode_conv(ch);
+        sh_k[c] = decode_conv(pd + ch);
+        sh_d[c] = exp(gate(h, c, fgate[ch]));
+        if (tile == 0u) {
+            ring[slot + ch] = qkv[ch];
+            ring[slot + pd + ch] = qkv[pd + ch];
+        }
+    }
+    let col = tile * 4u * TC4 + lid;
+    if (lid < 4u * TC4 && col < p.dk) {
+        let ch = 2u * pd + h * p.dk + col;
+        sh_vt[lid] = decode_conv(ch);
+        ring[slot + ch] = qkv[ch];
+    }
+}
+
+@compute @workgroup_size(DWG)
+fn kda_decode_t(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let dk4 = p.dk / 4u;
+    let tiles = (dk4 + TC4 - 1u) / TC4;
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.heads * tiles) {
+        return;
+    }
+    let h = id / tiles;
+    let tile = id % tiles;
+    let c4 = lid % TC4;
+    let rg = lid / TC4;
+    let col4 = tile * TC4 + c4;
+    let live = col4 < dk4;
+    let base = h * p.dk * dk4 + col4;
+    var s: array<vec4<f32>, 16>;
+    for (var i = 0u; i < DRMAX; i++) {
+        let r = rg + i * DRG;
+        if (r < p.dk && live) {
+            s[i] = state[base + r * dk4];
+        }
+    }
+    decode_prologue(h, tile, lid);
+    let beta = sigmoid(blog[h]);
+    workgroupBarrier();
+    var ak = vec4<f32>(0.0);
+    var aq = vec4<f32>(0.0);
+    var nrm = vec4<f32>(0.0);
+    for (var i = 0u; i < DRMAX; i++) {
+        let r = rg + i * DRG;
+        if (r < p.dk) {
+            let kr = sh_k[r];
+            let qr = sh_q[r];
+            s[i] *= sh_d[r];
+            ak += s[i] * kr;
+            aq += s[i] * qr;
+            nrm += vec4<f32>(kr * kr, qr * qr, qr * kr, 0.0);
+        }
+    }
+    sh_part[lid] = ak;
+    sh_part[DWG + lid] = aq;
+    sh_part[2u * DWG + lid] = nrm;
+    workgroupBarrier();
+    // 3 * TC4 threads each sum one (quantity, column) over the row groups.
+    if (lid < 3u * TC4) {
+        let x = lid / TC4;
+        var tot = vec4<f32>(0.0);
+        for (var g = 0u; g < DRG; g++) {
+            tot += sh_part[x * DWG + g * TC4 + lid % TC4];
+        }
+        sh_tot[lid] = tot;
+    }
+    workgroupBarrier();
+    let tn = sh_tot[2u * TC4 + c4];
+    let rk = inverseSqrt(tn.x + 1e-6);
+    let rq = inverseSqrt(tn.y + 1e-6) * p.scale;
+    let vv = vec4<f32>(sh_vt[4u * c4], sh_vt[4u * c4 + 1u], sh_vt[4u * c4 + 2u], sh_vt[4u * c4 + 3u]);
+    let u = beta * (vv - sh_tot[c4] * rk);
+    if (live) {
+        if (rg == 0u) {
+            let o = sh_tot[TC4 + c4] * rq + u * (tn.z * rk * rq);
+            let ob = h * p.dk + col4 * 4u;
+            o_out[ob] = o.x;
+            o_out[ob + 1u] = o.y;
+            o_out[ob + 2u] = o.z;
+            o_out[ob + 3u] = o.w;
+        }
+        let uk = u * rk;
+        for (var i = 0u; i < DRMAX; i++) {
+            let r = rg + i * DRG;
+            if (r < p.dk) {
+                state[base + r * dk4] = s[i] + sh_k[r] * uk;
+            }
+        }
+    }
+}
+
+// Decode, early-prologue form of kda_decode_t (same tiling, math and ring handling): the
+// prologue's small loads (conv taps and weights, gate inputs, beta) are issued BEFORE the
+// state loads and only used after them. Behind a workgroup's ~16-32 KB of state misses an L2
+// hit can wait for the misses to drain, so kda_decode_t's prologue, issued second, may
+// finish only after the state has landed; issued first, it should return under the state
+// loads. One key channel per thread: needs K <= DWG (host-checked) and taps <= DTAPS.
+
+// Raw conv inputs of channel ch for the decode token by tap (current token in .w / x[3]);
+// taps outside the window or before the sequence start get weight and input 0.
+struct ConvIn {
+    w: vec4<f32>,
+    x: vec4<f32>,
+}
+
+fn conv_in(ch: u32) -> ConvIn {
+    let n3 = 3u * p.heads * p.dk;
+    var r: ConvIn;
+    r.x[3] = qkv[ch];
+    r.w[3] = conv_w[ch * p.taps + p.taps - 1u];
+    for (var j = 1u; j < DTAPS; j++) {
+        let ok = j < p.taps && p.pos >= j;
+        // A dropped tap reads the slot of pos + 1 (= pos - taps + 1), never the one written now.
+        let a = select(p.pos + 1u, p.pos - j, ok);
+        r.x[3u - j] = select(0.0, ring[(a % p.taps) * n3 + ch], ok);
+        r.w[3u - j] = select(0.0, conv_w[ch * p.taps + select(0u, p.taps - 1u - j, ok)], ok);
+    }
+    return r;
+}
+
+fn conv_out(r: ConvIn) -> f32 {
+    if (p.post_conv == 1u) {
+        return r.x[3];
+    }
+    return silu(dot(r.w, r.x));
+}
+
+// Log decay from exp(A_log) and z = f + dt_bias (as gate()).
+fn gate_of(a: f32, z: f32) -> f32 {
+    if (p.gate_kind == 0u) {
+        return p.lower_bound * sigmoid(a * z);
+    }
+    let sp = select(log(1.0 + exp(z)), z, z > 20.0);
+    return -a * sp;
+}
+
+@compute @workgroup_size(DWG)
+fn kda_decode_p(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let dk4 = p.dk / 4u;
+    let tiles = (dk4 + TC4 - 1u) / TC4;
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.heads * tiles) {
+        return;
+    }
+    let h = id / tiles;
+    let tile = id % tiles;
+    let pd = p.heads * p.dk;
+    let slot = (p.pos % p.taps) * 3u * pd;
+    // Prologue loads first (clamped channel, so they are unconditional).
+    let chan = lid < p.dk;
+    let ch = h * p.dk + min(lid, p.dk - 1u);
+    let qi = conv_in(ch);
+    let ki = conv_in(pd + ch);
+    let fz = fgate[ch] + dt_bias[ch];
+    let alog = a_log[h];
+    let blg = blog[h];
+    let vcol = tile * 4u * TC4 + lid;
+    let vchan = lid < 4u * TC4 && vcol < p.dk;
+    let vch = 2u * pd + h * p.dk + min(vcol, p.dk - 1u);
+    let vi = conv_in(vch);
+    // Then the state.
+    let c4 = lid % TC4;
+    let rg = lid / TC4;
+    let col4 = tile * TC4 + c4;
+    let live = col4 < dk4;
+    let base = h * p.dk * dk4 + col4;
+    var s: array<vec4<f32>, 16>;
+    for (var i = 0u; i < DRMAX; i++) {
+        let r = rg + i * DRG;
+        if (r < p.dk && live) {
+            s[i] = state[base + r * dk4];
+        }
+    }
+    if (chan) {
+        sh_q[lid] = conv_out(qi);
+        sh_k[lid] = conv_out(ki);
+        sh_d[lid] = exp(gate_of(exp(alog), fz));
+        if (tile == 0u) {
+            ring[slot + ch] = qi.x[3];
+            ring[slot + pd + ch] = ki.x[3];
+        }
+    }
+    if (vchan) {
+        sh_vt[lid] = conv_out(vi);
+        ring[slot + vch] = vi.x[3];
+    }
+    let beta = sigmoid(blg);
+    workgroupBarrier();
+    var ak = vec4<f32>(0.0);
+    var aq = vec4<f32>(0.0);
+    var nrm = vec4<f32>(0.0);
+    for (var i = 0u; i < DRMAX; i++) {
+        let r = rg + i * DRG;
+        if (r < p.dk) {
+            let kr = sh_k[r];
+            let qr = sh_q[r];
+            s[i] *= sh_d[r];
+            ak += s[i] * kr;
+            aq += s[i] * qr;
+            nrm += vec4<f32>(kr * kr, qr * qr, qr * kr, 0.0);
+        }
+    }
+    sh_part[lid] = ak;
+    sh_part[DWG + lid] = aq;
+    sh_part[2u * DWG + lid] = nrm;
+    workgroupBarrier();
+    if (lid < 3u * TC4) {
+        let x = lid / TC4;
+        var tot = vec4<f32>(0.0);
+        for (var g = 0u; g < DRG; g++) {
+            tot += sh_part[x * DWG + g * TC4 + lid % TC4];
+        }
+        sh_tot[lid] = tot;
+    }
+    workgroupBarrier();
+    let tn = sh_tot[2u * TC4 + c4];
+    let rk = inverseSqrt(tn.x + 1e-6);
+    let rq = inverseSqrt(tn.y + 1e-6) * p.scale;
+    let vv = vec4<f32>(sh_vt[4u * c4], sh_vt[4u * c4 + 1u], sh_vt[4u * c4 + 2u], sh_vt[4u * c4 + 3u]);
+    let u = beta * (vv - sh_tot[c4] * rk);
+    if (live) {
+        if (rg == 0u) {
+            let o = sh_tot[TC4 + c4] * rq + u * (tn.z * rk * rq);
+            let ob = h * p.dk + col4 * 4u;
+            o_out[ob] = o.x;
+            o_out[ob + 1u] = o.y;
+            o_out[ob + 2u] = o.z;
+            o_out[ob + 3u] = o.w;
+        }
+        let uk = u * rk;
+        for (var i = 0u; i < DRMAX; i++) {
+            let r = rg + i * DRG;
+            if (r < p.dk) {
+                state[base + r * dk4] = s[i] + sh_k[r] * uk;
+            }
+        }
+    }
+}
+
 @group(0) @binding(15) var<storage, read> gate_in: array<f32>;   // [T, P] output-gate logits
 @group(0) @binding(16) var<storage, read> norm_w: array<f32>;    // [V] o_norm weight
 @group(0) @binding(17) var<storage, read_write> y_out: array<f32>; // [T, P]

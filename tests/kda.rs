@@ -71,7 +71,7 @@ impl Core {
     /// GPU: chunked prefill (SIMT path) of tokens [0, t), then `n` decode steps.
     /// Returns (o [t+n, H, V], state).
     fn gpu_run(&self, gpu: &Gpu, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
-        self.gpu_run_path(gpu, ChunkPath::Simt, DecodeVariant::C32, t, n)
+        self.gpu_run_path(gpu, ChunkPath::Simt, DecodeVariant::default_for(gpu, &self.geom), t, n)
     }
 
     /// [`Core::gpu_run`] with the prefill through `path` and the decode through `dv`.
@@ -115,8 +115,11 @@ impl Core {
 }
 
 fn random_core(seed: u64, t_len: usize, heads: usize, dk: usize, gate: KdaGate, init: bool) -> Core {
+    random_core_taps(seed, t_len, heads, dk, gate, init, 4)
+}
+
+fn random_core_taps(seed: u64, t_len: usize, heads: usize, dk: usize, gate: KdaGate, init: bool, taps: usize) -> Core {
     let p = heads * dk;
-    let taps = 4;
     Core {
         geom: KdaGeom { heads, head_dim: dk, taps, gate, post_conv: false },
         qkv: scaled(seed, t_len * 3 * p, 1.0),
@@ -133,7 +136,12 @@ const BOUNDED: KdaGate = KdaGate::Bounded { lower_bound: -5.0 };
 
 /// Prefill T then decode N, against the reference over T + N and against one prefill of T + N.
 fn check_case(gpu: &Gpu, seed: u64, t: usize, n: usize, heads: usize, dk: usize, gate: KdaGate, init: bool) {
-    let core = random_core(seed, t + n, heads, dk, gate, init);
+    check_case_taps(gpu, seed, t, n, heads, dk, gate, init, 4)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_case_taps(gpu: &Gpu, seed: u64, t: usize, n: usize, heads: usize, dk: usize, gate: KdaGate, init: bool, taps: usize) {
+    let core = random_core_taps(seed, t + n, heads, dk, gate, init, taps);
     let (want_o, want_s) = core.reference(t + n);
     let (got_o, got_s) = core.gpu_run(gpu, t, n);
     let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
@@ -158,19 +166,50 @@ fn decode_matches_reference() {
     check_case(&gpu, 15, 0, 4, 3, 16, KdaGate::Softplus, true);
 }
 
-/// The 16-column decode variant (the default is tested through every other case).
+/// Every decode variant this adapter runs (the default is also tested through every other
+/// case): partial and idle column tiles (K = 16, 48, 80), K = 256 (most rows per thread),
+/// conv widths 1-4, decode from position 0 (taps before the sequence start), after a
+/// prefill (the ring hand-off) and on already-convolved inputs.
 #[test]
-fn decode_c16_matches_reference() {
+fn decode_variants_match_reference() {
     let Some(gpu) = support::gpu() else { return };
-    for (seed, n, h, k, gate, init) in
-        [(20, 5, 2, 16, BOUNDED, true), (21, 4, 3, 48, KdaGate::Softplus, false), (22, 3, 1, 256, BOUNDED, true), (23, 6, 4, 128, KdaGate::Softplus, true)]
-    {
-        let core = random_core(seed, n, h, k, gate, init);
-        let (want_o, want_s) = core.reference(n);
-        let (got_o, got_s) = core.gpu_run_path(&gpu, ChunkPath::Simt, DecodeVariant::C16, 0, n);
-        let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
-        assert!(eo <= TOL && es <= TOL, "c16 decode N={n} H={h} K={k}: o {eo:.2e} state {es:.2e}");
+    let cases = [
+        (20, 0, 5, 2, 16, BOUNDED, true, 4),
+        (21, 0, 4, 3, 48, KdaGate::Softplus, false, 4),
+        (22, 0, 3, 1, 256, BOUNDED, true, 4),
+        (23, 0, 6, 4, 128, KdaGate::Softplus, true, 4),
+        (24, 0, 5, 2, 80, BOUNDED, true, 3),
+        (25, 3, 4, 2, 64, KdaGate::Softplus, true, 2),
+        (26, 2, 3, 3, 32, BOUNDED, false, 1),
+        (27, 70, 5, 2, 128, BOUNDED, true, 4),
+    ];
+    // One more case with inputs taken as already convolved (post_conv, as the goldens).
+    let post = (29, 2, 4, 2, 128, KdaGate::Softplus, true, 4);
+    for (i, (seed, t, n, h, k, gate, init, taps)) in cases.into_iter().chain([post]).enumerate() {
+        let mut core = random_core_taps(seed, t + n, h, k, gate, init, taps);
+        core.geom.post_conv = i == cases.len();
+        let (want_o, want_s) = core.reference(t + n);
+        for dv in DecodeVariant::available(&gpu, &core.geom) {
+            let (got_o, got_s) = core.gpu_run_path(&gpu, ChunkPath::Simt, dv, t, n);
+            let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
+            let pc = core.geom.post_conv;
+            eprintln!("{dv:?} T={t} N={n} H={h} K={k} W={taps} post_conv={pc}: o {eo:.2e} state {es:.2e}");
+            assert!(eo <= TOL && es <= TOL, "{dv:?} decode T={t} N={n} H={h} K={k} W={taps} post_conv={pc}: o {eo:.2e} state {es:.2e}");
+        }
     }
+}
+
+/// The tiled decode kernels need conv width <= 4: the default is T32w256 up to that and
+/// C32 beyond.
+#[test]
+fn decode_variants_by_conv_width() {
+    let Some(gpu) = support::gpu() else { return };
+    let geom = |taps| KdaGeom { heads: 2, head_dim: 32, taps, gate: BOUNDED, post_conv: false };
+    assert!(DecodeVariant::available(&gpu, &geom(4)).contains(&DecodeVariant::T16));
+    assert_eq!(DecodeVariant::default_for(&gpu, &geom(4)), DecodeVariant::T32w256);
+    assert_eq!(DecodeVariant::available(&gpu, &geom(5)), vec![DecodeVariant::C32, DecodeVariant::C16]);
+    assert!(DecodeVariant::default_for(&gpu, &geom(5)).runs_on(&gpu, &geom(5)));
+    check_case_taps(&gpu, 28, 0, 4, 2, 32, BOUNDED, true, 6);
 }
 
 #[test]

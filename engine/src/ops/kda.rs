@@ -31,6 +31,32 @@ pub const KDA_DECODE: Kernel = Kernel::new("kda_decode", "kda", "kda_decode").un
 /// per thread); timed next to the default by benches/kda.rs.
 pub const KDA_DECODE_C16: Kernel =
     Kernel::new("kda_decode_c16", "kda", "kda_decode").with_constants(&[("C4", 4.0)]).unchecked();
+/// Tiled decode (kda_decode_t: branch-free conv prologue, workgroup size and tile as pipeline
+/// constants): 8, 16 and 32 columns per 128-thread workgroup, ...
+pub const KDA_DECODE_T8: Kernel = Kernel::new("kda_decode_t8", "kda", "kda_decode_t").with_constants(&[("TC4", 2.0)]).unchecked();
+pub const KDA_DECODE_T16: Kernel = Kernel::new("kda_decode_t16", "kda", "kda_decode_t").with_constants(&[("TC4", 4.0)]).unchecked();
+pub const KDA_DECODE_T32: Kernel = Kernel::new("kda_decode_t32", "kda", "kda_decode_t").with_constants(&[("TC4", 8.0)]).unchecked();
+/// ... 32 columns per 256 threads (kda_decode's tiling with the new prologue: the fastest
+/// variant measured on the H200, docs/perf.md), and two not yet measured: 16 columns per
+/// 256 threads (768 workgroups, 2 rows per thread) and 32 columns per 512 threads.
+/// DRMAX caps the rows per thread: a variant runs only where K <= DRG * DRMAX.
+pub const KDA_DECODE_T32W256: Kernel = Kernel::new("kda_decode_t32w256", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 8.0), ("DWG", 256.0), ("DRMAX", 8.0)])
+    .unchecked();
+pub const KDA_DECODE_T16W256: Kernel = Kernel::new("kda_decode_t16w256", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 4.0), ("DWG", 256.0), ("DRMAX", 4.0)])
+    .unchecked();
+pub const KDA_DECODE_T32W512: Kernel = Kernel::new("kda_decode_t32w512", "kda", "kda_decode_t")
+    .with_constants(&[("TC4", 8.0), ("DWG", 512.0), ("DRMAX", 4.0)])
+    .unchecked();
+/// kda_decode_p: kda_decode_t with the prologue's loads issued before the state loads (not
+/// yet measured), 32 and 16 columns per 256 threads.
+pub const KDA_DECODE_P32W256: Kernel = Kernel::new("kda_decode_p32w256", "kda", "kda_decode_p")
+    .with_constants(&[("TC4", 8.0), ("DWG", 256.0), ("DRMAX", 8.0)])
+    .unchecked();
+pub const KDA_DECODE_P16W256: Kernel = Kernel::new("kda_decode_p16w256", "kda", "kda_decode_p")
+    .with_constants(&[("TC4", 4.0), ("DWG", 256.0), ("DRMAX", 4.0)])
+    .unchecked();
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
 pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
@@ -47,6 +73,14 @@ pub const KERNELS: &[Kernel] = &[
     KDA_CONV_SAVE,
     KDA_DECODE,
     KDA_DECODE_C16,
+    KDA_DECODE_T8,
+    KDA_DECODE_T16,
+    KDA_DECODE_T32,
+    KDA_DECODE_T32W256,
+    KDA_DECODE_T16W256,
+    KDA_DECODE_T32W512,
+    KDA_DECODE_P32W256,
+    KDA_DECODE_P16W256,
     KDA_GATED_NORM,
     KDA_CHUNK_CUMSUM,
     KDA_CHUNK_INTRA,
@@ -77,22 +111,114 @@ const COOP_BV: usize = 16;
 
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
-/// Decode kernel variants: the kernel and its value columns per workgroup (4 * C4 in kda.wgsl).
+/// Decode kernel variants: the kernel and its value columns per workgroup.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeVariant {
-    /// 32 columns per workgroup (the default).
+    /// kda_decode, 32 columns per 256-thread workgroup (any conv width, no subgroups).
     C32,
-    /// 16 columns per workgroup.
+    /// kda_decode, 16 columns per workgroup.
     C16,
+    /// kda_decode_t (branch-free prologue), 8 / 16 / 32 columns per 128-thread workgroup.
+    T8,
+    T16,
+    T32,
+    /// kda_decode_t, 32 columns per 256 threads (C32's tiling, T's prologue): the default
+    /// where it runs (conv width <= 4), measured fastest on the H200.
+    T32w256,
+    /// kda_decode_t, 16 columns per 256 threads and 32 per 512 (not yet measured).
+    T16w256,
+    T32w512,
+    /// kda_decode_p (prologue loads before the state loads), 32 / 16 columns per 256 threads
+    /// (not yet measured).
+    P32w256,
+    P16w256,
+}
+
+/// Widest conv of the tiled decode kernels (DTAPS in kda.wgsl).
+const DECODE_TAPS: usize = 4;
+
+/// How a decode variant tiles the state.
+struct DecodeShape {
+    kernel: &'static Kernel,
+    /// Value columns per workgroup.
+    cols: usize,
+    /// Threads per workgroup.
+    threads: usize,
+    /// Register rows per thread (K <= row groups * this).
+    rows: usize,
+    /// kda_decode_t / kda_decode_p (conv width <= DECODE_TAPS).
+    tiled: bool,
+    /// kda_decode_p: one key channel per thread (K <= threads).
+    early: bool,
 }
 
 impl DecodeVariant {
-    pub const ALL: [DecodeVariant; 2] = [DecodeVariant::C32, DecodeVariant::C16];
-    fn kernel(self) -> (&'static Kernel, usize) {
+    pub const ALL: [DecodeVariant; 10] = [
+        DecodeVariant::C32,
+        DecodeVariant::C16,
+        DecodeVariant::T8,
+        DecodeVariant::T16,
+        DecodeVariant::T32,
+        DecodeVariant::T32w256,
+        DecodeVariant::T16w256,
+        DecodeVariant::T32w512,
+        DecodeVariant::P32w256,
+        DecodeVariant::P16w256,
+    ];
+
+    fn shape(self) -> DecodeShape {
+        let t = |kernel, cols, threads, rows| DecodeShape { kernel, cols, threads, rows, tiled: true, early: false };
+        let e = |kernel, cols, threads, rows| DecodeShape { kernel, cols, threads, rows, tiled: true, early: true };
         match self {
-            DecodeVariant::C32 => (&KDA_DECODE, 32),
-            DecodeVariant::C16 => (&KDA_DECODE_C16, 16),
+            DecodeVariant::C32 => DecodeShape { kernel: &KDA_DECODE, cols: 32, threads: 256, rows: 8, tiled: false, early: false },
+            DecodeVariant::C16 => DecodeShape { kernel: &KDA_DECODE_C16, cols: 16, threads: 256, rows: 4, tiled: false, early: false },
+            DecodeVariant::T8 => t(&KDA_DECODE_T8, 8, 128, 4),
+            DecodeVariant::T16 => t(&KDA_DECODE_T16, 16, 128, 8),
+            DecodeVariant::T32 => t(&KDA_DECODE_T32, 32, 128, 16),
+            DecodeVariant::T32w256 => t(&KDA_DECODE_T32W256, 32, 256, 8),
+            DecodeVariant::T16w256 => t(&KDA_DECODE_T16W256, 16, 256, 4),
+            DecodeVariant::T32w512 => t(&KDA_DECODE_T32W512, 32, 512, 4),
+            DecodeVariant::P32w256 => e(&KDA_DECODE_P32W256, 32, 256, 8),
+            DecodeVariant::P16w256 => e(&KDA_DECODE_P16W256, 16, 256, 4),
         }
+    }
+
+    fn kernel(self) -> (&'static Kernel, usize) {
+        let sh = self.shape();
+        (sh.kernel, sh.cols)
+    }
+
+    /// Whether this variant runs on `gpu` at `geom`: the tiled kernels need conv width <= 4,
+    /// K within their register rows (and kda_decode_p K <= its threads) and the adapter's
+    /// workgroup size and memory.
+    pub fn runs_on(self, gpu: &Gpu, geom: &KdaGeom) -> bool {
+        let sh = self.shape();
+        let row_groups = sh.threads / (sh.cols / 4);
+        if geom.head_dim > row_groups * sh.rows || sh.threads > gpu.caps.max_invocations as usize {
+            return false;
+        }
+        if sh.early && geom.head_dim > sh.threads {
+            return false;
+        }
+        // kda_decode_t's workgroup memory: partials [3, threads], q / k / decay [3, 256],
+        // totals [3, cols / 4] vec4 and v [cols].
+        let shared = 16 * 3 * sh.threads + 4 * 3 * 256 + 16 * 3 * sh.cols / 4 + 4 * sh.cols;
+        if sh.tiled && shared > gpu.caps.max_workgroup_storage as usize {
+            return false;
+        }
+        !(sh.tiled && geom.taps > DECODE_TAPS)
+    }
+
+    /// The variants that run on `gpu` at `geom`.
+    pub fn available(gpu: &Gpu, geom: &KdaGeom) -> Vec<DecodeVariant> {
+        DecodeVariant::ALL.into_iter().filter(|v| v.runs_on(gpu, geom)).collect()
+    }
+
+    /// The variant [`decode`] uses: the first that runs of a preference order measured on the
+    /// H200 (docs/perf.md, KDA); C32 runs everywhere.
+    pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> DecodeVariant {
+        const PREFERENCE: [DecodeVariant; 2] = [DecodeVariant::T32w256, DecodeVariant::C32];
+        PREFERENCE.into_iter().find(|v| v.runs_on(gpu, geom)).unwrap_or(DecodeVariant::C32)
     }
 }
 /// Value columns per state / output workgroup (LANES in kda_chunk.wgsl).
@@ -359,7 +485,7 @@ pub fn prep_with(
 }
 
 /// One decode token at absolute position `pos`: conv (advancing `ring`), gates, the state
-/// update of `state` [H, K, V] in place and o [H, V].
+/// update of `state` [H, K, V] in place and o [H, V], through [`DecodeVariant::default_for`].
 #[allow(clippy::too_many_arguments)]
 pub fn decode(
     gpu: &Gpu,
@@ -372,7 +498,7 @@ pub fn decode(
     o: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    decode_with(gpu, enc, DecodeVariant::C32, geom, pos, inp, ring, state, o, profiler)
+    decode_with(gpu, enc, DecodeVariant::default_for(gpu, geom), geom, pos, inp, ring, state, o, profiler)
 }
 
 /// [`decode`] through a given kernel variant.
@@ -390,6 +516,7 @@ pub fn decode_with(
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     check_inputs(geom, 1, inp, ring)?;
+    check_variant(gpu, geom, variant)?;
     let k = geom.head_dim;
     need(state, geom.heads * k * k, "state [H, K, V]")?;
     need(o, geom.proj(), "o [H, V]")?;
@@ -407,6 +534,13 @@ pub fn decode_with(
     ];
     let (kernel, cols) = variant.kernel();
     dispatch(gpu, enc, kernel, &uniform, &bufs, geom.heads * k.div_ceil(cols), profiler)
+}
+
+fn check_variant(gpu: &Gpu, geom: &KdaGeom, variant: DecodeVariant) -> Result<(), GpuError> {
+    if !variant.runs_on(gpu, geom) {
+        return Err(GpuError::Shape(format!("kda decode: variant {variant:?} does not run on this adapter at conv width {}", geom.taps)));
+    }
+    Ok(())
 }
 
 /// One layer's decode in [`decode_one_pass`].
@@ -430,6 +564,7 @@ pub fn decode_one_pass(
     timestamp_writes: Option<wgpu::ComputePassTimestampWrites>,
 ) -> Result<(), GpuError> {
     let k = geom.head_dim;
+    check_variant(gpu, geom, variant)?;
     let (kernel, cols) = variant.kernel();
     let pipeline = gpu.pipelines.get(gpu, kernel)?;
     let mut binds = Vec::with_capacity(steps.len());
