@@ -86,6 +86,13 @@ pub struct Hooks<'a> {
 }
 
 /// Output of one forward call.
+/// Layers recorded per queue submission in decode (`K31_LAYERS_PER_SUBMIT`, default 1): a
+/// knob for measuring the host's submission cost against host/GPU overlap.
+fn layers_per_submit() -> usize {
+    static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *N.get_or_init(|| std::env::var("K31_LAYERS_PER_SUBMIT").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(1))
+}
+
 pub struct Forward {
     /// [rows, vocab] f32: one row per token (All) or the last token's (Last).
     pub logits: Vec<f32>,
@@ -293,9 +300,11 @@ impl Model {
             layer.ffn.forward(g, &mut enc, &normed, t, &ffn_out, prof.as_deref_mut())?;
             add(g, &mut enc, td, part_now, &ffn_out, &next, prof.as_deref_mut())?;
             enc.copy_buffer_to_buffer(&next, 0, &carry, 0, (td * 4) as u64);
-            // Hand each layer to the GPU as soon as it is recorded, so the GPU runs while
-            // the CPU records the next one (one submission per token serialised the two).
-            g.flush(&mut enc);
+            // Hand layers to the GPU as soon as they are recorded, so the GPU runs while
+            // the CPU records the next ones (one submission per token serialised the two).
+            if (l + 1) % layers_per_submit() == 0 {
+                g.flush(&mut enc);
+            }
         }
         if let Some(p) = prof.as_deref_mut() {
             p.set_scope(Some("head".into()));
