@@ -55,6 +55,14 @@ pub const INDEX_SCORES_COOP: Kernel =
 /// Same with q rounded to f16 (half the tensor-core work, ~5e-4 relative per head dot).
 pub const INDEX_SCORES_COOP_F16: Kernel =
     Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 0.0)]).coopmat().subgroups();
+/// The K3.1 indexer on cooperative matrices, streaming form (dsa_index_coop2.wgsl): 2 subgroups
+/// per workgroup, q per head scaled and split hi + lo, keys scaled into the exact f16 range (out
+/// of range positions recomputed in f32), so its scores are the f32 kernel's up to rounding.
+pub const INDEX_SCORES_COOP2: Kernel =
+    Kernel::new("index_scores_coop2", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("QSPLIT", 1.0)]).coopmat().subgroups();
+/// Same with q rounded to f16 (no lo part): half the tensor-core work, for timing only.
+pub const INDEX_SCORES_COOP2_F16: Kernel =
+    Kernel::new("index_scores_coop2_f16", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("QSPLIT", 0.0)]).coopmat().subgroups();
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
 pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
 pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
@@ -75,6 +83,8 @@ pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_4X32,
     INDEX_SCORES_COOP,
     INDEX_SCORES_COOP_F16,
+    INDEX_SCORES_COOP2,
+    INDEX_SCORES_COOP2_F16,
     TOPK_HIST,
     TOPK_HIST2,
     TOPK_HIST3,
@@ -391,6 +401,11 @@ pub enum IndexVariant {
     Coop,
     /// Cooperative matrices, q rounded to f16.
     CoopF16,
+    /// Cooperative matrices, streaming form (dsa_index_coop2.wgsl): q scaled per head and split
+    /// hi + lo, keys in the exact f16 range or recomputed in f32.
+    Coop2,
+    /// [`IndexVariant::Coop2`] with q rounded to f16 (timing only: not f32-exact).
+    Coop2F16,
 }
 
 /// Workgroups of the coop indexer per query (grid-strided over the tiles of 64 positions);
@@ -400,6 +415,15 @@ static INDEX_COOP_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::At
 /// Sets the coop indexer's workgroups per query (at least 1); returns the previous value.
 pub fn set_index_coop_groups(n: usize) -> usize {
     INDEX_COOP_GROUPS.swap(n.max(1), std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Workgroups per query of the streaming coop indexer (2 subgroups each, grid-strided over steps
+/// of 32 positions); [`set_index_coop2_groups`] changes it (benchmarks).
+static INDEX_COOP2_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1056);
+
+/// Sets the streaming coop indexer's workgroups per query (at least 1); returns the previous value.
+pub fn set_index_coop2_groups(n: usize) -> usize {
+    INDEX_COOP2_GROUPS.swap(n.max(1), std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The coop indexer exists for 32 heads x 128 only and assumes 32-wide subgroups (8 per workgroup).
@@ -455,13 +479,15 @@ pub fn index_scores_variant(
     let kernel = match variant {
         IndexVariant::Auto if coop_ok && std::env::var("K31_DSA_COOP").is_ok_and(|v| v == "1") => INDEX_SCORES_COOP,
         IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
-        IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
+        IndexVariant::Coop | IndexVariant::CoopF16 | IndexVariant::Coop2 | IndexVariant::Coop2F16 if !coop_ok => {
             return Err(shape_err(format!(
                 "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128)"
             )))
         }
         IndexVariant::Coop => INDEX_SCORES_COOP,
         IndexVariant::CoopF16 => INDEX_SCORES_COOP_F16,
+        IndexVariant::Coop2 => INDEX_SCORES_COOP2,
+        IndexVariant::Coop2F16 => INDEX_SCORES_COOP2_F16,
     };
     if n_pos > keys.capacity() || n_pos > row_stride || n_queries == 0 {
         return Err(shape_err(format!(
@@ -486,11 +512,15 @@ pub fn index_scores_variant(
     let slots = keys.slots();
     let mut entries = vec![(0, &u), (1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
-    let groups = if kernel.needs_coopmat {
+    let groups = if kernel.shader == "dsa_index_coop2" {
+        let cap = INDEX_COOP2_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
+        [n_pos.div_ceil(32).clamp(1, cap) as u32, n_queries as u32, 1]
+    } else if kernel.needs_coopmat {
         let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
         [n_pos.div_ceil(64).clamp(1, cap) as u32, n_queries as u32, 1]
     } else {
-        [n_pos.div_ceil(64) as u32, n_queries as u32, 1]
+        // indexer.wgsl TILE: 256 positions per workgroup.
+        [n_pos.div_ceil(256) as u32, n_queries as u32, 1]
     };
     check_groups(gpu, "index_scores", groups)?;
     run(gpu, enc, &kernel, &entries, groups, profiler)
