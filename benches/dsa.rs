@@ -187,8 +187,8 @@ fn main() -> anyhow::Result<()> {
             if dsa::coop_indexer_available(&gpu, IH, ID) {
                 variants.push((IndexVariant::Coop2, "coop2 streaming (q hi+lo f16, exact range)"));
                 variants.push((IndexVariant::Coop2F16, "coop2 streaming (q f16 only)"));
+                variants.push((IndexVariant::Coop3, "coop3 streaming, 32 heads per subgroup"));
                 variants.push((IndexVariant::Coop, "coop (q hi+lo f16)"));
-                variants.push((IndexVariant::CoopF16, "coop (q f16)"));
             } else {
                 println!("  (no cooperative-matrix indexer on this adapter: coop rows skipped)");
             }
@@ -203,13 +203,24 @@ fn main() -> anyhow::Result<()> {
             // Grid of the streaming coop indexer (workgroups of 2 subgroups per query).
             if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from {
                 let tmp = gpu.storage("scores grid", (s * 4) as u64);
-                for groups in [264, 528, 792, 1584, 2112, 4224] {
-                    let prev = dsa::set_index_coop2_groups(groups);
-                    let t = time_gpu(&gpu, wu, reps, |enc, prof| {
-                        dsa::index_scores_variant(&gpu, enc, IndexVariant::Coop2, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
-                    })?;
-                    dsa::set_index_coop2_groups(prev);
-                    out.push((format!("indexer coop2 streaming, {groups} workgroups, S={s}"), t, key_bytes));
+                for (v, name) in [(IndexVariant::Coop2, "coop2"), (IndexVariant::Coop3, "coop3")] {
+                    for groups in [132, 528, 1056] {
+                        let prev = dsa::set_index_coop2_groups(groups);
+                        let t = time_gpu(&gpu, wu, reps, |enc, prof| {
+                            dsa::index_scores_variant(&gpu, enc, v, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                        })?;
+                        dsa::set_index_coop2_groups(prev);
+                        out.push((format!("indexer {name} streaming, {groups} workgroups, S={s}"), t, key_bytes));
+                    }
+                }
+                // Diagnostics (wrong scores): what the streaming kernel costs without its products,
+                // and without the fallback code.
+                for (kernel, label) in [
+                    (dsa::INDEX_SCORES_COOP2_NOMMA, "coop2 without products (diagnostic)"),
+                    (dsa::INDEX_SCORES_COOP2_NOFALLBACK, "coop2 without f32 fallback (diagnostic)"),
+                ] {
+                    let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_kernel(&gpu, enc, kernel, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof))?;
+                    out.push((format!("indexer {label}, S={s}"), t, key_bytes));
                 }
             }
             if dsa::coop_indexer_available(&gpu, IH, ID) && s <= 32768 {
@@ -228,7 +239,7 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             // The cliff lead: the same SIMT scan over one unpaged allocation.
-            if s >= cliff_from && !indexer_only {
+            if s >= cliff_from && (!indexer_only || s == 131072 || s == 1048576) {
                 let mut one = PagedRows::new(&gpu, "keys one page", ID, s.next_power_of_two(), s)?;
                 one.upload(&gpu, &random(s as u64, s * ID))?;
                 let tmp = gpu.storage("scores one page", (s * 4) as u64);
@@ -237,6 +248,16 @@ fn main() -> anyhow::Result<()> {
                 })?;
                 out.push((format!("indexer SIMT f32, one page, S={s}"), t, key_bytes));
                 report_check(format!("indexer one page == paged, S={s}"), compare_scores(&gpu, &scores, &tmp, s, None, 0)?);
+                if dsa::coop_indexer_available(&gpu, IH, ID) {
+                    for (kernel, label) in [
+                        (dsa::INDEX_SCORES_COOP2, "coop2 streaming, one page"),
+                        (dsa::INDEX_SCORES_COOP2_ONEPAGE, "coop2 streaming, one page, no page switch"),
+                    ] {
+                        let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_kernel(&gpu, enc, kernel, &one, IH, &q, &w, &tmp, 1, s - 1, s, s, prof))?;
+                        out.push((format!("indexer {label}, S={s}"), t, key_bytes));
+                        report_check(format!("indexer {label} vs SIMT, S={s}"), compare_scores(&gpu, &scores, &tmp, s, None, 0)?);
+                    }
+                }
             }
             drop(keys);
             let scratch = TopkScratch::new(&gpu, 1, s, k)?;
@@ -418,8 +439,11 @@ fn indexer_checks(gpu: &Gpu, s: usize) -> anyhow::Result<()> {
         wv[row * IH + 1] *= 1e3;
         wv[row * IH + 2] *= 1e-3;
     }
-    let cases: [(&str, usize, &Vec<f32>, &Vec<f32>, &Vec<f32>); 3] = [
+    // q exactly representable in f16: separates q rounding from every other error source.
+    let q16: Vec<f32> = q.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+    let cases: [(&str, usize, &Vec<f32>, &Vec<f32>, &Vec<f32>); 4] = [
         ("pages of 16", 16, &kv, &q, &w),
+        ("pages of 1024, q exact in f16", 1024, &kv, &q16, &w),
         ("pages of 1024, every 97th key x1000", 1024, &big, &q, &w),
         ("pages of 1024, head q scales 1e-3 / 1e3", 1024, &kv, &qv, &wv),
     ];
@@ -428,7 +452,7 @@ fn indexer_checks(gpu: &Gpu, s: usize) -> anyhow::Result<()> {
         keys.upload(gpu, keys_v)?;
         // Prefill: queries at s/2 .. s/2 + 7 over all s positions (the rest masked).
         let a = scores_of(gpu, IndexVariant::Simt, &keys, qx, wx, t, s / 2, s)?;
-        for (v, name) in [(IndexVariant::Coop2, "coop2"), (IndexVariant::Coop, "coop")] {
+        for (v, name) in [(IndexVariant::Coop2, "coop2"), (IndexVariant::Coop2F16, "coop2 q f16"), (IndexVariant::Coop3, "coop3"), (IndexVariant::Coop, "coop")] {
             let b = scores_of(gpu, v, &keys, qx, wx, t, s / 2, s)?;
             report_check(format!("indexer {name} vs SIMT: prefill 8 queries, {label}, S={s}"), diff_text(&a, &b, t, s / 2));
         }

@@ -10,8 +10,9 @@
 //   the f16 normal range (|k| < 2^-24 after scaling) a value may flush to zero: an error of at most
 //   2^-24 |q_d| per element, the size of f32 rounding of the dot itself.
 // - q: each head's row is scaled by a power of two 2^e_h so its largest |q| lands in
-//   [2^13, 2^14), then split q = hi + lo with hi = f16(q), lo = f16(q - hi): |q - hi - lo| <=
-//   2^-22 |q| (plus 2^-24 of the row's largest |q| where lo is subnormal). Both products go to
+//   [2^13, 2^14), then split q = hi + lo with hi = q truncated to 11 significant bits (exact in
+//   f16) and lo = f16(q - hi): |q - hi - lo| <= 2^-21 |q| (plus 2^-24 of the row's largest |q|
+//   where lo is subnormal). Both products go to
 //   the f32 accumulator (products of f16 operands are exact), and 2^-e_h / KEY_SCALE is undone
 //   before the ReLU (exact: powers of two).
 //
@@ -40,6 +41,12 @@ struct IndexParams {
 }
 
 override QSPLIT: bool = true;
+// Diagnostics for the bench (wrong scores): NOMMA skips the products (loads, staging and the
+// epilogue only); FALLBACK = false drops the f32 recomputation of out-of-range keys.
+override NOMMA: bool = false;
+override FALLBACK: bool = true;
+// ONE_PAGE: page 0 only, no page switch (the host uses it for single-page caches only).
+override ONE_PAGE: bool = false;
 override KEY_SCALE: f32 = 1024.0;
 const IH: u32 = 32u;
 const ID: u32 = 128u;
@@ -81,7 +88,7 @@ var<workgroup> part: array<f32, 128>; // [buffer][subgroup][position]
 var<workgroup> bad: array<u32, 64>;   // [buffer][position]: key outside the exact f16 range
 var<workgroup> ws: array<f32, 32>;    // w * w_scale
 var<workgroup> hs: array<f32, 32>;    // 2^-e_h / KEY_SCALE: undoes the operand scales
-var<workgroup> qm: array<f32, 64>;    // per half head: max |q|
+var<workgroup> qmb: array<atomic<u32>, 32>; // per head: max |q| (f32 bits)
 var<workgroup> qs: array<f32, 32>;    // 2^e_h: puts a head's largest |q| in [2^13, 2^14)
 
 fn key_vec(page: u32, i: u32) -> vec4<u32> {
@@ -131,6 +138,15 @@ fn fetch(tile: u32, lid: u32, last: u32) -> array<vec4<u32>, LOADS> {
     var kv: array<vec4<u32>, LOADS>;
     let s0 = tile * TILE;
     if (s0 >= p.n_pos || s0 > last) {
+        return kv;
+    }
+    if (ONE_PAGE) {
+        for (var j = 0u; j < LOADS; j++) {
+            let e = j * WG + lid;
+            if (s0 + e / CH < p.n_pos) {
+                kv[j] = k0[s0 * CH + e];
+            }
+        }
         return kv;
     }
     let at = locate(s0);
@@ -227,12 +243,48 @@ fn finish(t: u32, s0: u32, b: u32, lane: u32, last: u32) {
         var v = part[b * 64u + lane] + part[b * 64u + 32u + lane];
         if (pos > last) {
             v = bitcast<f32>(0xff800000u);
-        } else if (bad[b * TILE + lane] != 0u) {
+        } else if (FALLBACK && bad[b * TILE + lane] != 0u) {
             v = exact_score(t, pos);
         }
         scores[t * p.row_stride + pos] = v;
     }
     bad[b * TILE + lane] = 0u;
+}
+
+// Per head: w * w_scale, the power-of-two scale of q and its inverse (with KEY_SCALE's); then q
+// scaled and split into kt ([0, 1024) hi, [1024, 2048) lo, [head][32 vec4]). Ends on a barrier.
+fn prepare(t: u32, lid: u32) {
+    if (lid < IH) {
+        atomicStore(&qmb[lid], 0u);
+    }
+    bad[lid] = 0u;
+    workgroupBarrier();
+    // Coalesced; |x| as u32 orders like the float.
+    for (var i = lid; i < IH * QV; i += WG) {
+        let a = abs(q[t * (IH * QV) + i]);
+        atomicMax(&qmb[i / QV], bitcast<u32>(max(max(a.x, a.y), max(a.z, a.w))));
+    }
+    workgroupBarrier();
+    if (lid < IH) {
+        let m = bitcast<f32>(atomicLoad(&qmb[lid]));
+        var e = 0i;
+        if (m > 0.0) {
+            e = clamp(13i - (i32((bitcast<u32>(m) >> 23u) & 0xffu) - 127i), -100i, 100i);
+        }
+        ws[lid] = w[t * IH + lid] * p.w_scale;
+        hs[lid] = ldexp(1.0, -e) / KEY_SCALE;
+        qs[lid] = ldexp(1.0, e);
+    }
+    workgroupBarrier();
+    for (var i = lid; i < IH * QV; i += WG) {
+        // hi keeps the top 11 significant bits by masking (exact in f16; a compiler may not fold
+        // it away as it may f32(f16(x)) == x), lo = x - hi is exact in f32 and rounds once to f16.
+        let x = q[t * (IH * QV) + i] * qs[i / QV];
+        let hi = bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) & vec4<u32>(0xffffe000u));
+        kt[i] = vec4<f16>(hi);
+        kt[IH * QV + i] = vec4<f16>(x - hi);
+    }
+    workgroupBarrier();
 }
 
 @compute @workgroup_size(64)
@@ -249,35 +301,7 @@ fn index_scores_coop2(
     var tile = wg.x;
     // The first step's keys are in flight while q is prepared.
     var kv = fetch(tile, lid, last);
-    {
-        let h = lid / 2u;
-        let half = lid % 2u;
-        var m = vec4<f32>(0.0);
-        for (var i = 0u; i < QV / 2u; i++) {
-            m = max(m, abs(q[t * (IH * QV) + h * QV + half * (QV / 2u) + i]));
-        }
-        qm[lid] = max(max(m.x, m.y), max(m.z, m.w));
-    }
-    bad[lid] = 0u;
-    workgroupBarrier();
-    if (lid < IH) {
-        let m = max(qm[2u * lid], qm[2u * lid + 1u]);
-        var e = 0i;
-        if (m > 0.0) {
-            e = clamp(13i - (i32((bitcast<u32>(m) >> 23u) & 0xffu) - 127i), -100i, 100i);
-        }
-        ws[lid] = w[t * IH + lid] * p.w_scale;
-        hs[lid] = ldexp(1.0, -e) / KEY_SCALE;
-        qs[lid] = ldexp(1.0, e);
-    }
-    workgroupBarrier();
-    for (var i = lid; i < IH * QV; i += WG) {
-        let x = q[t * (IH * QV) + i] * qs[i / QV];
-        let hi = vec4<f16>(x);
-        kt[i] = hi;
-        kt[IH * QV + i] = vec4<f16>(x - vec4<f32>(hi));
-    }
-    workgroupBarrier();
+    prepare(t, lid);
     let qa = sg * 16u * QV;
     let ah0 = a_frag(qa);
     let ah1 = a_frag(qa + 4u);
@@ -311,7 +335,7 @@ fn index_scores_coop2(
         if (prev != 0xffffffffu && sg == 0u) {
             finish(t, prev * TILE, b ^ 1u, lane, last);
         }
-        if (s0 <= last) {
+        if (s0 <= last && !NOMMA) {
             let kb = b * BUF;
             var c0 = coop_mat16x16<f32, C>();
             var c1 = coop_mat16x16<f32, C>();
@@ -353,5 +377,163 @@ fn index_scores_coop2(
     workgroupBarrier();
     if (sg == 0u && prev != 0xffffffffu) {
         finish(t, prev * TILE, b ^ 1u, lane, last);
+    }
+}
+
+// Variant with all 32 heads per subgroup: each B fragment (16 keys x 16 dims) feeds four products
+// (two head tiles, hi and lo) instead of two, at 32 A fragments (128 registers) per thread. Each
+// subgroup owns 16 positions of the 32-position step and writes their scores itself (no
+// cross-subgroup sum).
+var<workgroup> cs3: array<f32, 1280>; // [subgroup][32 heads][CS3]
+const CS3: u32 = 20u; // f32 between head rows (16 positions + 4)
+
+// Subgroup-uniform addresses (derived from subgroup_id) go through functions: naga's uniformity
+// analysis does not follow subgroup_id, the hardware only needs it uniform per subgroup.
+fn b_frag(at: u32) -> coop_mat16x16<f16, B> {
+    return coopLoad<coop_mat16x16<f16, B>>(&kt[at], KS4);
+}
+
+fn mma2(c: coop_mat16x16<f32, C>, ah: coop_mat16x16<f16, A>, al: coop_mat16x16<f16, A>, b: coop_mat16x16<f16, B>) -> coop_mat16x16<f32, C> {
+    var r = coopMultiplyAdd(ah, b, c);
+    if (QSPLIT) {
+        r = coopMultiplyAdd(al, b, r);
+    }
+    return r;
+}
+
+fn store3(c: coop_mat16x16<f32, C>, at: u32) {
+    coopStoreT(c, &cs3[at], CS3);
+}
+
+@compute @workgroup_size(64)
+fn index_scores_coop3(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
+) {
+    let t = wg.y;
+    let last = p.q_pos0 + t;
+    let tiles = (p.n_pos + TILE - 1u) / TILE;
+    var tile = wg.x;
+    var kv = fetch(tile, lid, last);
+    prepare(t, lid);
+    let ah00 = a_frag(0u + 0u * QV + 0u);
+    let ah01 = a_frag(0u + 0u * QV + 4u);
+    let ah02 = a_frag(0u + 0u * QV + 8u);
+    let ah03 = a_frag(0u + 0u * QV + 12u);
+    let ah04 = a_frag(0u + 0u * QV + 16u);
+    let ah05 = a_frag(0u + 0u * QV + 20u);
+    let ah06 = a_frag(0u + 0u * QV + 24u);
+    let ah07 = a_frag(0u + 0u * QV + 28u);
+    let al00 = a_frag(IH * QV + 0u * QV + 0u);
+    let al01 = a_frag(IH * QV + 0u * QV + 4u);
+    let al02 = a_frag(IH * QV + 0u * QV + 8u);
+    let al03 = a_frag(IH * QV + 0u * QV + 12u);
+    let al04 = a_frag(IH * QV + 0u * QV + 16u);
+    let al05 = a_frag(IH * QV + 0u * QV + 20u);
+    let al06 = a_frag(IH * QV + 0u * QV + 24u);
+    let al07 = a_frag(IH * QV + 0u * QV + 28u);
+    let ah10 = a_frag(0u + 16u * QV + 0u);
+    let ah11 = a_frag(0u + 16u * QV + 4u);
+    let ah12 = a_frag(0u + 16u * QV + 8u);
+    let ah13 = a_frag(0u + 16u * QV + 12u);
+    let ah14 = a_frag(0u + 16u * QV + 16u);
+    let ah15 = a_frag(0u + 16u * QV + 20u);
+    let ah16 = a_frag(0u + 16u * QV + 24u);
+    let ah17 = a_frag(0u + 16u * QV + 28u);
+    let al10 = a_frag(IH * QV + 16u * QV + 0u);
+    let al11 = a_frag(IH * QV + 16u * QV + 4u);
+    let al12 = a_frag(IH * QV + 16u * QV + 8u);
+    let al13 = a_frag(IH * QV + 16u * QV + 12u);
+    let al14 = a_frag(IH * QV + 16u * QV + 16u);
+    let al15 = a_frag(IH * QV + 16u * QV + 20u);
+    let al16 = a_frag(IH * QV + 16u * QV + 24u);
+    let al17 = a_frag(IH * QV + 16u * QV + 28u);
+    workgroupBarrier();
+    var b = 0u;
+    while (tile < tiles) {
+        let s0 = tile * TILE;
+        stage(kv, b, lid);
+        let next = tile + nwg.x;
+        if (next < tiles) {
+            kv = fetch(next, lid, last);
+        }
+        workgroupBarrier();
+        let cb = sg * 32u * CS3;
+        if (s0 <= last && !NOMMA) {
+            let kb = b * BUF + sg * 16u * KS4;
+            var c0 = coop_mat16x16<f32, C>();
+            var c1 = coop_mat16x16<f32, C>();
+            {
+                let bk = b_frag(kb + 0u);
+                c0 = mma2(c0, ah00, al00, bk);
+                c1 = mma2(c1, ah10, al10, bk);
+            }
+            {
+                let bk = b_frag(kb + 4u);
+                c0 = mma2(c0, ah01, al01, bk);
+                c1 = mma2(c1, ah11, al11, bk);
+            }
+            {
+                let bk = b_frag(kb + 8u);
+                c0 = mma2(c0, ah02, al02, bk);
+                c1 = mma2(c1, ah12, al12, bk);
+            }
+            {
+                let bk = b_frag(kb + 12u);
+                c0 = mma2(c0, ah03, al03, bk);
+                c1 = mma2(c1, ah13, al13, bk);
+            }
+            {
+                let bk = b_frag(kb + 16u);
+                c0 = mma2(c0, ah04, al04, bk);
+                c1 = mma2(c1, ah14, al14, bk);
+            }
+            {
+                let bk = b_frag(kb + 20u);
+                c0 = mma2(c0, ah05, al05, bk);
+                c1 = mma2(c1, ah15, al15, bk);
+            }
+            {
+                let bk = b_frag(kb + 24u);
+                c0 = mma2(c0, ah06, al06, bk);
+                c1 = mma2(c1, ah16, al16, bk);
+            }
+            {
+                let bk = b_frag(kb + 28u);
+                c0 = mma2(c0, ah07, al07, bk);
+                c1 = mma2(c1, ah17, al17, bk);
+            }
+            store3(c0, cb);
+            store3(c1, cb + 16u * CS3);
+        }
+        workgroupBarrier();
+        // Lane = (position l % 16, heads 16 (l / 16) ..): ReLU after undoing the scales, halves
+        // summed across the subgroup.
+        let pl = lane % 16u;
+        let hb = (lane / 16u) * 16u;
+        var sum = 0.0;
+        for (var j = 0u; j < 16u; j++) {
+            sum += ws[hb + j] * max(cs3[cb + (hb + j) * CS3 + pl] * hs[hb + j], 0.0);
+        }
+        sum += subgroupShuffleXor(sum, 16u);
+        let r = sg * 16u + pl;
+        let pos = s0 + r;
+        if (lane < 16u) {
+            if (pos < p.n_pos) {
+                var v = sum;
+                if (pos > last) {
+                    v = bitcast<f32>(0xff800000u);
+                } else if (FALLBACK && bad[b * TILE + r] != 0u) {
+                    v = exact_score(t, pos);
+                }
+                scores[t * p.row_stride + pos] = v;
+            }
+            bad[b * TILE + r] = 0u;
+        }
+        tile = next;
+        b ^= 1u;
     }
 }

@@ -6,12 +6,9 @@
 // list of pages (bindings k0..k15), page i holding page0 << min(i, shift_max) rows of ID bf16
 // values packed two per u32 (even element in the low half), ID % 8 == 0, ID <= 128,
 // IH % 4 == 0, IH <= 32; scores is [n_queries, row_stride] f32 and n_pos <= row_stride.
-// One workgroup scores TILE = 256 positions for one query (workgroup_id.y): thread (g, p) takes
-// positions p, p + 64, p + 128, p + 192 and heads 8g..8g+7 (zero-padded past IH) in two vec4
-// accumulators per position (fixed-size loops only, so nothing is indexed dynamically: that
-// spilled to local memory, 5 ms at 1M on the H200). Four positions per thread make each q value
-// read from workgroup memory feed four keys: with one, those reads (16 vec4 per 64 FMA) bounded
-// the kernel at ~8 % of copy bandwidth on the H200.
+// One workgroup scores TILE = 64 positions for one query (workgroup_id.y): thread (g, p) takes
+// position p and heads 8g..8g+7 (zero-padded past IH) in two vec4 accumulators, so no
+// private array is indexed dynamically (that spilled to local memory: 5 ms at 1M on the H200).
 
 struct IndexParams {
     n_queries: u32,
@@ -26,9 +23,7 @@ struct IndexParams {
 
 override IH: u32 = 32u;
 override ID: u32 = 128u;
-const TILE: u32 = 256u;
-const PT: u32 = 4u; // positions per thread
-const ROWS: u32 = 64u; // TILE / PT
+const TILE: u32 = 64u;
 const WG: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> p: IndexParams;
@@ -55,7 +50,7 @@ const WG: u32 = 256u;
 // q as [4 groups][8 heads][ID/4] vec4 (heads past IH zero), head weights likewise.
 var<workgroup> qs: array<vec4<f32>, 1024>;
 var<workgroup> ws: array<f32, 32>;
-var<workgroup> part: array<f32, 1024>; // [group][position in tile]
+var<workgroup> part: array<f32, 256>;
 
 fn key_vec(page: u32, i: u32) -> vec4<u32> {
     switch page {
@@ -98,11 +93,9 @@ fn hi(x: u32) -> f32 {
     return bitcast<f32>(x & 0xffff0000u);
 }
 
-fn keyf(kw: vec4<u32>) -> array<vec4<f32>, 2> {
-    return array<vec4<f32>, 2>(
-        vec4<f32>(lo(kw.x), hi(kw.x), lo(kw.y), hi(kw.y)),
-        vec4<f32>(lo(kw.z), hi(kw.z), lo(kw.w), hi(kw.w)),
-    );
+fn hdot(h: u32, c: u32, ka: vec4<f32>, kb: vec4<f32>) -> f32 {
+    let i = h * (ID / 4u) + 2u * c;
+    return dot(qs[i], ka) + dot(qs[i + 1u], kb);
 }
 
 @compute @workgroup_size(256)
@@ -125,74 +118,35 @@ fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         ws[lid] = select(0.0, w[t * IH + g * hp + hh] * p.w_scale, hh < hp);
     }
     workgroupBarrier();
-    let g = lid / ROWS;
-    let pl = lid % ROWS;
-    let last = p.q_pos0 + t;
-    let h0 = g * 8u * (ID / 4u);
-    var page: array<u32, PT>;
-    var base: array<u32, PT>;
-    var live: array<bool, PT>;
-    for (var i = 0u; i < PT; i++) {
-        let pos = wg.x * TILE + i * ROWS + pl;
-        live[i] = pos < p.n_pos && pos <= last;
-        let at = locate(min(pos, p.n_pos - 1u));
-        page[i] = at.x;
-        base[i] = at.y * (ID / 8u);
-    }
-    var a0: array<vec4<f32>, PT>;
-    var a1: array<vec4<f32>, PT>;
-    for (var c = 0u; c < ID / 8u; c++) {
-        var ka: array<vec4<f32>, PT>;
-        var kb: array<vec4<f32>, PT>;
-        for (var i = 0u; i < PT; i++) {
-            var kw = vec4<u32>(0u);
-            if (live[i]) {
-                kw = key_vec(page[i], base[i] + c);
-            }
-            let f = keyf(kw);
-            ka[i] = f[0];
-            kb[i] = f[1];
+    let g = lid / TILE;
+    let pl = lid % TILE;
+    let pos = wg.x * TILE + pl;
+    var score = 0.0;
+    if (pos < p.n_pos && pos <= p.q_pos0 + t) {
+        let at = locate(pos);
+        let base = at.y * (ID / 8u);
+        let h0 = g * 8u;
+        var a0 = vec4<f32>(0.0);
+        var a1 = vec4<f32>(0.0);
+        for (var c = 0u; c < ID / 8u; c++) {
+            let kw = key_vec(at.x, base + c);
+            let ka = vec4<f32>(lo(kw.x), hi(kw.x), lo(kw.y), hi(kw.y));
+            let kb = vec4<f32>(lo(kw.z), hi(kw.z), lo(kw.w), hi(kw.w));
+            a0 += vec4<f32>(hdot(h0, c, ka, kb), hdot(h0 + 1u, c, ka, kb), hdot(h0 + 2u, c, ka, kb), hdot(h0 + 3u, c, ka, kb));
+            a1 += vec4<f32>(hdot(h0 + 4u, c, ka, kb), hdot(h0 + 5u, c, ka, kb), hdot(h0 + 6u, c, ka, kb), hdot(h0 + 7u, c, ka, kb));
         }
-        // Heads h0..h0+7, four at a time: each q vec4 is read once and used for all PT positions.
-        let qi = h0 + 2u * c;
-        let s4 = ID / 4u;
-        let q0 = qs[qi];
-        let q1 = qs[qi + 1u];
-        let q2 = qs[qi + s4];
-        let q3 = qs[qi + s4 + 1u];
-        let q4 = qs[qi + 2u * s4];
-        let q5 = qs[qi + 2u * s4 + 1u];
-        let q6 = qs[qi + 3u * s4];
-        let q7 = qs[qi + 3u * s4 + 1u];
-        for (var i = 0u; i < PT; i++) {
-            a0[i] += vec4<f32>(dot(q0, ka[i]) + dot(q1, kb[i]), dot(q2, ka[i]) + dot(q3, kb[i]), dot(q4, ka[i]) + dot(q5, kb[i]), dot(q6, ka[i]) + dot(q7, kb[i]));
-        }
-        let r0 = qs[qi + 4u * s4];
-        let r1 = qs[qi + 4u * s4 + 1u];
-        let r2 = qs[qi + 5u * s4];
-        let r3 = qs[qi + 5u * s4 + 1u];
-        let r4 = qs[qi + 6u * s4];
-        let r5 = qs[qi + 6u * s4 + 1u];
-        let r6 = qs[qi + 7u * s4];
-        let r7 = qs[qi + 7u * s4 + 1u];
-        for (var i = 0u; i < PT; i++) {
-            a1[i] += vec4<f32>(dot(r0, ka[i]) + dot(r1, kb[i]), dot(r2, ka[i]) + dot(r3, kb[i]), dot(r4, ka[i]) + dot(r5, kb[i]), dot(r6, ka[i]) + dot(r7, kb[i]));
-        }
+        let w0 = vec4<f32>(ws[h0], ws[h0 + 1u], ws[h0 + 2u], ws[h0 + 3u]);
+        let w1 = vec4<f32>(ws[h0 + 4u], ws[h0 + 5u], ws[h0 + 6u], ws[h0 + 7u]);
+        score = dot(w0, max(a0, vec4<f32>(0.0))) + dot(w1, max(a1, vec4<f32>(0.0)));
     }
-    let w0 = vec4<f32>(ws[g * 8u], ws[g * 8u + 1u], ws[g * 8u + 2u], ws[g * 8u + 3u]);
-    let w1 = vec4<f32>(ws[g * 8u + 4u], ws[g * 8u + 5u], ws[g * 8u + 6u], ws[g * 8u + 7u]);
-    for (var i = 0u; i < PT; i++) {
-        part[g * TILE + i * ROWS + pl] = dot(w0, max(a0[i], vec4<f32>(0.0))) + dot(w1, max(a1[i], vec4<f32>(0.0)));
-    }
+    part[lid] = score;
     workgroupBarrier();
-    // Thread lid writes position lid of the tile (coalesced).
-    let pos = wg.x * TILE + lid;
-    if (pos < p.n_pos) {
+    if (g == 0u && pos < p.n_pos) {
         let out = t * p.row_stride + pos;
-        if (pos > last) {
+        if (pos > p.q_pos0 + t) {
             scores[out] = bitcast<f32>(0xff800000u);
         } else {
-            scores[out] = part[lid] + part[TILE + lid] + part[2u * TILE + lid] + part[3u * TILE + lid];
+            scores[out] = part[pl] + part[pl + TILE] + part[pl + 2u * TILE] + part[pl + 3u * TILE];
         }
     }
 }

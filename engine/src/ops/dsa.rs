@@ -63,6 +63,18 @@ pub const INDEX_SCORES_COOP2: Kernel =
 /// Same with q rounded to f16 (no lo part): half the tensor-core work, for timing only.
 pub const INDEX_SCORES_COOP2_F16: Kernel =
     Kernel::new("index_scores_coop2_f16", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("QSPLIT", 0.0)]).coopmat().subgroups();
+/// [`INDEX_SCORES_COOP2`] with all 32 heads per subgroup (each key fragment feeds 4 products).
+pub const INDEX_SCORES_COOP3: Kernel =
+    Kernel::new("index_scores_coop3", "dsa_index_coop2", "index_scores_coop3").with_constants(&[("QSPLIT", 1.0)]).coopmat().subgroups();
+/// Bench diagnostics of the streaming coop kernel (wrong scores): without the products, and
+/// without the f32 fallback for out-of-range keys.
+pub const INDEX_SCORES_COOP2_NOMMA: Kernel =
+    Kernel::new("index_scores_coop2_nomma", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("NOMMA", 1.0)]).coopmat().subgroups();
+/// Reads page 0 only, without the page switch: valid for a single-page cache only.
+pub const INDEX_SCORES_COOP2_ONEPAGE: Kernel =
+    Kernel::new("index_scores_coop2_onepage", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("ONE_PAGE", 1.0)]).coopmat().subgroups();
+pub const INDEX_SCORES_COOP2_NOFALLBACK: Kernel =
+    Kernel::new("index_scores_coop2_nofallback", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("FALLBACK", 0.0)]).coopmat().subgroups();
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
 pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
 pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
@@ -85,6 +97,10 @@ pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_COOP_F16,
     INDEX_SCORES_COOP2,
     INDEX_SCORES_COOP2_F16,
+    INDEX_SCORES_COOP3,
+    INDEX_SCORES_COOP2_NOMMA,
+    INDEX_SCORES_COOP2_NOFALLBACK,
+    INDEX_SCORES_COOP2_ONEPAGE,
     TOPK_HIST,
     TOPK_HIST2,
     TOPK_HIST3,
@@ -406,6 +422,8 @@ pub enum IndexVariant {
     Coop2,
     /// [`IndexVariant::Coop2`] with q rounded to f16 (timing only: not f32-exact).
     Coop2F16,
+    /// [`IndexVariant::Coop2`] with all 32 heads per subgroup.
+    Coop3,
 }
 
 /// Workgroups of the coop indexer per query (grid-strided over the tiles of 64 positions);
@@ -419,7 +437,7 @@ pub fn set_index_coop_groups(n: usize) -> usize {
 
 /// Workgroups per query of the streaming coop indexer (2 subgroups each, grid-strided over steps
 /// of 32 positions); [`set_index_coop2_groups`] changes it (benchmarks).
-static INDEX_COOP2_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1056);
+static INDEX_COOP2_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(264);
 
 /// Sets the streaming coop indexer's workgroups per query (at least 1); returns the previous value.
 pub fn set_index_coop2_groups(n: usize) -> usize {
@@ -479,7 +497,7 @@ pub fn index_scores_variant(
     let kernel = match variant {
         IndexVariant::Auto if coop_ok && std::env::var("K31_DSA_COOP").is_ok_and(|v| v == "1") => INDEX_SCORES_COOP,
         IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
-        IndexVariant::Coop | IndexVariant::CoopF16 | IndexVariant::Coop2 | IndexVariant::Coop2F16 if !coop_ok => {
+        IndexVariant::Coop | IndexVariant::CoopF16 | IndexVariant::Coop2 | IndexVariant::Coop2F16 | IndexVariant::Coop3 if !coop_ok => {
             return Err(shape_err(format!(
                 "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128)"
             )))
@@ -488,7 +506,30 @@ pub fn index_scores_variant(
         IndexVariant::CoopF16 => INDEX_SCORES_COOP_F16,
         IndexVariant::Coop2 => INDEX_SCORES_COOP2,
         IndexVariant::Coop2F16 => INDEX_SCORES_COOP2_F16,
+        IndexVariant::Coop3 => INDEX_SCORES_COOP3,
     };
+    index_scores_kernel(gpu, enc, kernel, keys, heads, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
+}
+
+/// [`index_scores`] with a given kernel (one of the indexer kernels above; the bench times
+/// diagnostic ones this way). The caller has checked that the adapter has what it needs.
+#[allow(clippy::too_many_arguments)]
+pub fn index_scores_kernel(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    kernel: Kernel,
+    keys: &PagedRows,
+    heads: usize,
+    q: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    scores: &wgpu::Buffer,
+    n_queries: usize,
+    q_pos0: usize,
+    n_pos: usize,
+    row_stride: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let id = keys.width;
     if n_pos > keys.capacity() || n_pos > row_stride || n_queries == 0 {
         return Err(shape_err(format!(
             "index_scores: {n_pos} positions with {} cached, row stride {row_stride}, {n_queries} queries",
@@ -519,8 +560,7 @@ pub fn index_scores_variant(
         let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
         [n_pos.div_ceil(64).clamp(1, cap) as u32, n_queries as u32, 1]
     } else {
-        // indexer.wgsl TILE: 256 positions per workgroup.
-        [n_pos.div_ceil(256) as u32, n_queries as u32, 1]
+        [n_pos.div_ceil(64) as u32, n_queries as u32, 1]
     };
     check_groups(gpu, "index_scores", groups)?;
     run(gpu, enc, &kernel, &entries, groups, profiler)
