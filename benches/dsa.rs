@@ -218,6 +218,7 @@ fn main() -> anyhow::Result<()> {
                 for (kernel, label) in [
                     (dsa::INDEX_SCORES_COOP2_NOMMA, "coop2 without products (diagnostic)"),
                     (dsa::INDEX_SCORES_COOP2_NOFALLBACK, "coop2 without f32 fallback (diagnostic)"),
+                    (dsa::INDEX_SCORES_COOP2_PER_LOAD_PAGE, "coop2, page switch per load"),
                 ] {
                     let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_kernel(&gpu, enc, kernel, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof))?;
                     out.push((format!("indexer {label}, S={s}"), t, key_bytes));

@@ -47,6 +47,8 @@ override NOMMA: bool = false;
 override FALLBACK: bool = true;
 // ONE_PAGE: page 0 only, no page switch (the host uses it for single-page caches only).
 override ONE_PAGE: bool = false;
+// PER_LOAD_PAGE: every load through the per-load page switch (bench comparison of the fetch forms).
+override PER_LOAD_PAGE: bool = false;
 override KEY_SCALE: f32 = 1024.0;
 const IH: u32 = 32u;
 const ID: u32 = 128u;
@@ -151,7 +153,7 @@ fn fetch(tile: u32, lid: u32, last: u32) -> array<vec4<u32>, LOADS> {
     }
     let at = locate(s0);
     let rows = p.page0 << min(at.x, p.shift_max);
-    if (at.y + TILE <= rows && s0 + TILE <= p.n_pos) {
+    if (!PER_LOAD_PAGE && at.y + TILE <= rows && s0 + TILE <= p.n_pos) {
         // The whole step in one page (always so when page0 % TILE == 0): one uniform switch.
         let base = at.y * CH + lid;
         switch at.x {

@@ -73,6 +73,8 @@ pub const INDEX_SCORES_COOP2_NOMMA: Kernel =
 /// Reads page 0 only, without the page switch: valid for a single-page cache only.
 pub const INDEX_SCORES_COOP2_ONEPAGE: Kernel =
     Kernel::new("index_scores_coop2_onepage", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("ONE_PAGE", 1.0)]).coopmat().subgroups();
+pub const INDEX_SCORES_COOP2_PER_LOAD_PAGE: Kernel =
+    Kernel::new("index_scores_coop2_per_load_page", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("PER_LOAD_PAGE", 1.0)]).coopmat().subgroups();
 pub const INDEX_SCORES_COOP2_NOFALLBACK: Kernel =
     Kernel::new("index_scores_coop2_nofallback", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("FALLBACK", 0.0)]).coopmat().subgroups();
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
@@ -101,6 +103,7 @@ pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_COOP2_NOMMA,
     INDEX_SCORES_COOP2_NOFALLBACK,
     INDEX_SCORES_COOP2_ONEPAGE,
+    INDEX_SCORES_COOP2_PER_LOAD_PAGE,
     TOPK_HIST,
     TOPK_HIST2,
     TOPK_HIST3,
