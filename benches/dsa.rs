@@ -188,7 +188,8 @@ fn main() -> anyhow::Result<()> {
                 variants.push((IndexVariant::Coop2, "coop2 streaming (q hi+lo f16, exact range)"));
                 variants.push((IndexVariant::Coop2F16, "coop2 streaming (q f16 only)"));
                 variants.push((IndexVariant::Coop3, "coop3 streaming, 32 heads per subgroup"));
-                variants.push((IndexVariant::Coop, "coop (q hi+lo f16)"));
+                variants.push((IndexVariant::Coop, "coop (exact: q scaled, hi+lo by masking)"));
+                variants.push((IndexVariant::CoopF16, "coop (q f16, the original kernel)"));
             } else {
                 println!("  (no cooperative-matrix indexer on this adapter: coop rows skipped)");
             }

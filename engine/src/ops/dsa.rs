@@ -48,13 +48,19 @@ pub const INDEX_SCORES_K31: Kernel =
     Kernel::new("index_scores_32x128", "indexer", "index_scores").with_constants(&[("IH", 32.0), ("ID", 128.0)]);
 pub const INDEX_SCORES_4X32: Kernel =
     Kernel::new("index_scores_4x32", "indexer", "index_scores").with_constants(&[("IH", 4.0), ("ID", 32.0)]);
-/// The K3.1 indexer (32 x 128) on cooperative matrices, q split into two f16 parts (about f32
-/// accuracy): the default where the adapter has them (see [`IndexVariant`]).
+/// The K3.1 indexer (32 x 128) on cooperative matrices, q scaled per head and split into two f16
+/// parts by masking, keys scaled into the exact f16 range (f32 recomputation beyond it): the
+/// precision scheme the H200 measured at f32 agreement in [`INDEX_SCORES_COOP2`], in the layout
+/// that measured fastest (8 subgroups, 64-position tiles). Opt-in, see [`IndexVariant`].
 pub const INDEX_SCORES_COOP: Kernel =
     Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 1.0)]).coopmat().subgroups();
-/// Same with q rounded to f16 (half the tensor-core work, ~5e-4 relative per head dot).
-pub const INDEX_SCORES_COOP_F16: Kernel =
-    Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 0.0)]).coopmat().subgroups();
+/// The original kernel, q rounded to f16 (~4e-4 of the largest score; moved 1-2 of 2048
+/// selected positions on the H200). Its former hi+lo form measured the same: the driver folds
+/// f32(f16(x)) to x, so lo was zero.
+pub const INDEX_SCORES_COOP_F16: Kernel = Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop")
+    .with_constants(&[("QSPLIT", 0.0), ("EXACT", 0.0)])
+    .coopmat()
+    .subgroups();
 /// The K3.1 indexer on cooperative matrices, streaming form (dsa_index_coop2.wgsl): 2 subgroups
 /// per workgroup, q per head scaled and split hi + lo, keys scaled into the exact f16 range (out
 /// of range positions recomputed in f32), so its scores are the f32 kernel's up to rounding.
@@ -409,16 +415,17 @@ impl PagedRows {
 /// Which indexer kernel runs (the benches and tests pick one; the layer uses `Auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexVariant {
-    /// SIMT; the coop kernel (q split) only with `K31_DSA_COOP=1` where
-    /// [`coop_indexer_available`]: on the H200 it was ~10 % faster, but its scores differ from
-    /// f32 by ~2e-4 of the largest, which moved 2 of 2048 selected positions at 1M, and
-    /// selections must equal the reference's.
+    /// SIMT, the fastest f32-exact kernel measured on the H200 (2026-11-29: 95 us at 128K, 730
+    /// us at 1M; the exact streaming coop kernels 124 / 965 us). `K31_DSA_COOP=1` picks
+    /// [`IndexVariant::Coop`] where [`coop_indexer_available`] (exact scheme, not yet timed in
+    /// this form; its inexact predecessor took 86 / 645 us).
     Auto,
     /// f32 SIMT (indexer.wgsl): every adapter, every supported shape.
     Simt,
-    /// Cooperative matrices, q = hi + lo in f16 (dsa_index_coop.wgsl).
+    /// Cooperative matrices (dsa_index_coop.wgsl), f32-exact scheme: q per head scaled and split
+    /// hi + lo by masking, keys in the exact f16 range or recomputed in f32.
     Coop,
-    /// Cooperative matrices, q rounded to f16.
+    /// The original coop kernel, q rounded to f16 (timing only: not f32-exact).
     CoopF16,
     /// Cooperative matrices, streaming form (dsa_index_coop2.wgsl): q scaled per head and split
     /// hi + lo, keys in the exact f16 range or recomputed in f32.
