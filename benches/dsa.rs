@@ -201,6 +201,14 @@ fn main() -> anyhow::Result<()> {
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_variant(&gpu, enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, prof))?;
                 out.push((format!("indexer {label}, S={s}"), t, key_bytes));
             }
+            // The floor of the access pattern: the key reads alone, same bindings and paging.
+            if s >= cliff_from {
+                let tmp = gpu.storage("scores probe", (s * 4) as u64);
+                let t = time_gpu(&gpu, wu, reps, |enc, prof| {
+                    dsa::index_scores_kernel(&gpu, enc, dsa::INDEX_KEYS_PROBE, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                })?;
+                out.push((format!("indexer key reads only (diagnostic probe), S={s}"), t, key_bytes));
+            }
             // Grid of the streaming coop indexer (workgroups of 2 subgroups per query).
             if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from {
                 let tmp = gpu.storage("scores grid", (s * 4) as u64);

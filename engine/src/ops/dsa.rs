@@ -46,6 +46,9 @@ shader_params!(
 /// (K3.1 and the tiny/test shapes), others are built on demand by [`index_kernel`].
 pub const INDEX_SCORES_K31: Kernel =
     Kernel::new("index_scores_32x128", "indexer", "index_scores").with_constants(&[("IH", 32.0), ("ID", 128.0)]);
+/// Bench diagnostic: the scan's key reads alone (indexer.wgsl `index_keys_probe`), K3.1 rows.
+pub const INDEX_KEYS_PROBE: Kernel =
+    Kernel::new("index_keys_probe", "indexer", "index_keys_probe").with_constants(&[("IH", 32.0), ("ID", 128.0)]);
 pub const INDEX_SCORES_4X32: Kernel =
     Kernel::new("index_scores_4x32", "indexer", "index_scores").with_constants(&[("IH", 4.0), ("ID", 32.0)]);
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q scaled per head and split into two f16
@@ -101,6 +104,7 @@ pub const CACHE_WRITE: Kernel = Kernel::new("dsa_cache_write", "dsa_misc", "cach
 pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_K31,
     INDEX_SCORES_4X32,
+    INDEX_KEYS_PROBE,
     INDEX_SCORES_COOP,
     INDEX_SCORES_COOP_F16,
     INDEX_SCORES_COOP2,
