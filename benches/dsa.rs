@@ -451,7 +451,9 @@ fn indexer_checks(gpu: &Gpu, s: usize) -> anyhow::Result<()> {
     }
     // q exactly representable in f16: separates q rounding from every other error source.
     let q16: Vec<f32> = q.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
-    let cases: [(&str, usize, &Vec<f32>, &Vec<f32>, &Vec<f32>); 4] = [
+    // (label, first page rows, keys, q, w)
+    type Case<'a> = (&'a str, usize, &'a [f32], &'a [f32], &'a [f32]);
+    let cases: [Case; 4] = [
         ("pages of 16", 16, &kv, &q, &w),
         ("pages of 1024, q exact in f16", 1024, &kv, &q16, &w),
         ("pages of 1024, every 97th key x1000", 1024, &big, &q, &w),
