@@ -2,7 +2,7 @@
 //! 576-wide bf16 rows), each timed separately per token per layer at several context lengths
 //! with random cache data, next to the copy bandwidth measured in the same run.
 //! Run: `cargo bench --bench dsa` (`--quick` for small sizes, `--smoke` for one tiny run of every path,
-//! `--json FILE` to save rows,
+//! `--json FILE` to save rows, `--indexer` for the indexer rows and checks only,
 //! `--torch` to also run the PyTorch reference on the same GPU: naive indexer + torch.topk +
 //! gathered absorbed attention; needs python3 with CUDA torch).
 
@@ -151,6 +151,8 @@ fn main() -> anyhow::Result<()> {
     let (wu, reps, reps_long) = if smoke { (0, 1, 1) } else { (5, 30, 50) };
     let cliff_from = if smoke { 0 } else { 131072 };
     let torch = args.iter().any(|a| a == "--torch");
+    // --indexer: only the indexer rows and checks (saves device time).
+    let indexer_only = args.iter().any(|a| a == "--indexer");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}  (max binding {} MiB)", gpu.describe(), gpu.caps.max_binding >> 20);
     let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
@@ -190,8 +192,11 @@ fn main() -> anyhow::Result<()> {
             // Every indexer variant; the SIMT one last, so `scores` holds its output.
             let mut variants = vec![];
             if dsa::coop_indexer_available(&gpu, IH, ID) {
-                variants.push((IndexVariant::Coop, "coop (q hi+lo f16)"));
-                variants.push((IndexVariant::CoopF16, "coop (q f16)"));
+                variants.push((IndexVariant::Coop2, "coop2 streaming (q hi+lo f16, exact range)"));
+                variants.push((IndexVariant::Coop2F16, "coop2 streaming (q f16 only)"));
+                variants.push((IndexVariant::Coop3, "coop3 streaming, 32 heads per subgroup"));
+                variants.push((IndexVariant::Coop, "coop (exact: q scaled, hi+lo by masking)"));
+                variants.push((IndexVariant::CoopF16, "coop (q f16, the original kernel)"));
             } else {
                 println!("  (no cooperative-matrix indexer on this adapter: coop rows skipped)");
             }
@@ -203,8 +208,43 @@ fn main() -> anyhow::Result<()> {
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_variant(&gpu, enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, prof))?;
                 out.push((format!("indexer {label}, S={s}"), t, key_bytes));
             }
-            // Grid of the coop indexer (workgroups per query; the default is 528 = 4 per H200 SM).
+            // The floor of the access pattern: the key reads alone, same bindings and paging.
+            if s >= cliff_from {
+                let tmp = gpu.storage("scores probe", (s * 4) as u64);
+                let t = time_gpu(&gpu, wu, reps, |enc, prof| {
+                    dsa::index_scores_kernel(&gpu, enc, dsa::INDEX_KEYS_PROBE, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                })?;
+                out.push((format!("indexer key reads only (diagnostic probe), S={s}"), t, key_bytes));
+            }
+            // Grid of the streaming coop indexer (workgroups of 2 subgroups per query).
             if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from {
+                let tmp = gpu.storage("scores grid", (s * 4) as u64);
+                for (v, name) in [(IndexVariant::Coop2, "coop2"), (IndexVariant::Coop3, "coop3")] {
+                    for groups in [132, 528, 1056] {
+                        let prev = dsa::set_index_coop2_groups(groups);
+                        let t = time_gpu(&gpu, wu, reps, |enc, prof| {
+                            dsa::index_scores_variant(&gpu, enc, v, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                        })?;
+                        dsa::set_index_coop2_groups(prev);
+                        out.push((format!("indexer {name} streaming, {groups} workgroups, S={s}"), t, key_bytes));
+                    }
+                }
+                // Diagnostics (wrong scores): what the streaming kernel costs without its products,
+                // and without the fallback code.
+                for (kernel, label) in [
+                    (dsa::INDEX_SCORES_COOP2_NOMMA, "coop2 without products (diagnostic)"),
+                    (dsa::INDEX_SCORES_COOP2_NOFALLBACK, "coop2 without f32 fallback (diagnostic)"),
+                    (dsa::INDEX_SCORES_COOP2_PER_LOAD_PAGE, "coop2, page switch per load"),
+                ] {
+                    let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_kernel(&gpu, enc, kernel, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof))?;
+                    out.push((format!("indexer {label}, S={s}"), t, key_bytes));
+                }
+            }
+            if dsa::coop_indexer_available(&gpu, IH, ID) && s <= 32768 {
+                indexer_checks(&gpu, s)?;
+            }
+            // Grid of the coop indexer (workgroups per query; the default is 528 = 4 per H200 SM).
+            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from && !indexer_only {
                 let tmp = gpu.storage("scores grid", (s * 4) as u64);
                 for groups in [132, 264, 1056, 2112] {
                     let prev = dsa::set_index_coop_groups(groups);
@@ -216,7 +256,7 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             // The cliff lead: the same SIMT scan over one unpaged allocation.
-            if s >= cliff_from {
+            if s >= cliff_from && (!indexer_only || s == 131072 || s == 1048576) {
                 let mut one = PagedRows::new(&gpu, "keys one page", ID, s.next_power_of_two(), s)?;
                 one.upload(&gpu, &random(s as u64, s * ID))?;
                 let tmp = gpu.storage("scores one page", (s * 4) as u64);
@@ -225,6 +265,16 @@ fn main() -> anyhow::Result<()> {
                 })?;
                 out.push((format!("indexer SIMT f32, one page, S={s}"), t, key_bytes));
                 report_check(format!("indexer one page == paged, S={s}"), compare_scores(&gpu, &scores, &tmp, s, None, 0)?);
+                if dsa::coop_indexer_available(&gpu, IH, ID) {
+                    for (kernel, label) in [
+                        (dsa::INDEX_SCORES_COOP2, "coop2 streaming, one page"),
+                        (dsa::INDEX_SCORES_COOP2_ONEPAGE, "coop2 streaming, one page, no page switch"),
+                    ] {
+                        let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_kernel(&gpu, enc, kernel, &one, IH, &q, &w, &tmp, 1, s - 1, s, s, prof))?;
+                        out.push((format!("indexer {label}, S={s}"), t, key_bytes));
+                        report_check(format!("indexer {label} vs SIMT, S={s}"), compare_scores(&gpu, &scores, &tmp, s, None, 0)?);
+                    }
+                }
             }
             drop(keys);
             let scratch = TopkScratch::new(&gpu, 1, s, k)?;
@@ -236,6 +286,9 @@ fn main() -> anyhow::Result<()> {
                 gpu.queue.submit([enc.finish()]);
                 let a = gpu.read::<i32>(&sel, k)?;
                 report_check(format!("indexer {label} vs SIMT, S={s}"), compare_scores(&gpu, &scores, dst, s, Some(&a), k)?);
+            }
+            if indexer_only {
+                return Ok(out);
             }
             let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, prof))?;
             out.push((format!("top-{k} of indexer scores, S={s}"), t, (s * 4) as f64));
@@ -298,6 +351,9 @@ fn main() -> anyhow::Result<()> {
             Err(e) => println!("S={s}: skipped: {e}"),
         }
     }
+    if indexer_only {
+        return save(json_out, &gpu, copy, &rows, serde_json::Value::Null);
+    }
     // The acceptance figure: top-2048 of a 200K row of random scores.
     let n = 200 * 1024;
     let scores = gpu.storage_from("scores", &random(9, n));
@@ -336,11 +392,89 @@ fn main() -> anyhow::Result<()> {
         }
         torch_json = serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::Null);
     }
+    save(json_out, &gpu, copy, &rows, torch_json)
+}
+
+fn save(json_out: Option<String>, gpu: &Gpu, copy: f64, rows: &[Row], torch_json: serde_json::Value) -> anyhow::Result<()> {
     if let Some(path) = json_out {
         let checks: Vec<serde_json::Value> =
             CHECKS.with(|c| c.borrow().iter().map(|(n, r)| serde_json::json!({"check": n, "result": r})).collect());
         let doc = serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows, "checks": checks, "torch": torch_json});
         std::fs::write(&path, serde_json::to_string_pretty(&doc)?)?;
+    }
+    Ok(())
+}
+
+/// Scores of `v` for `t` queries at positions q_pos0.. over `keys` (n_pos = row stride).
+#[allow(clippy::too_many_arguments)]
+fn scores_of(gpu: &Gpu, v: IndexVariant, keys: &PagedRows, q: &[f32], w: &[f32], t: usize, q_pos0: usize, n: usize) -> anyhow::Result<Vec<f32>> {
+    let qb = gpu.storage_from("q", q);
+    let wb = gpu.storage_from("w", w);
+    let out = gpu.storage("scores", (t * n * 4) as u64);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    dsa::index_scores_variant(gpu, &mut enc, v, keys, IH, &qb, &wb, &out, t, q_pos0, n, n, None)?;
+    gpu.queue.submit([enc.finish()]);
+    Ok(gpu.read(&out, t * n)?)
+}
+
+/// max |b - a| / max |a| over finite a, whether the -inf masks agree, and how many positions
+/// the top-64 of each of the `t` rows (valid up to q_pos0 + row) differ in.
+fn diff_text(a: &[f32], b: &[f32], t: usize, q_pos0: usize) -> String {
+    let scale = a.iter().filter(|x| x.is_finite()).fold(0f32, |m, x| m.max(x.abs())).max(1e-30);
+    let err = a.iter().zip(b).filter(|(x, _)| x.is_finite()).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / scale;
+    let masks = a.iter().zip(b).filter(|(x, y)| x.is_finite() != y.is_finite()).count();
+    let n = a.len() / t;
+    let mut moved = 0;
+    for r in 0..t {
+        let set = |v: &[f32]| -> std::collections::BTreeSet<usize> {
+            let row: Vec<f64> = v[r * n..(r + 1) * n].iter().map(|&x| x as f64).collect();
+            refdsa::topk(&row, (q_pos0 + r + 1).min(n), 64).into_iter().collect()
+        };
+        moved += set(a).symmetric_difference(&set(b)).count() / 2;
+    }
+    format!("max err / max |score| = {err:.2e}, {masks} mask mismatches, top-64 of {t} rows differ in {moved} positions")
+}
+
+/// The streaming coop indexer against SIMT f32 in the forms the scan rows do not cover: prefill
+/// (several queries, causal mask mid-row), pages not a multiple of its 32-position step, keys
+/// out of the exact f16 range (recomputed in f32), and q heads of very different magnitudes.
+fn indexer_checks(gpu: &Gpu, s: usize) -> anyhow::Result<()> {
+    let t = 8;
+    let q = random(21, t * IH * ID);
+    let w = random(22, t * IH);
+    let kv = random(s as u64 + 5, s * ID);
+    // Every 97th key far out of the exact f16 range at the 1024 key scale (|k| up to 1000).
+    let mut big = kv.clone();
+    for r in (3..s).step_by(97) {
+        big[r * ID..(r + 1) * ID].iter_mut().for_each(|x| *x *= 1000.0);
+    }
+    // Head 1's q 1e-3 and head 2's 1e3 times the rest (weights the inverse): per-head scaling.
+    let (mut qv, mut wv) = (q.clone(), w.clone());
+    for row in 0..t {
+        qv[(row * IH + 1) * ID..(row * IH + 2) * ID].iter_mut().for_each(|x| *x *= 1e-3);
+        qv[(row * IH + 2) * ID..(row * IH + 3) * ID].iter_mut().for_each(|x| *x *= 1e3);
+        wv[row * IH + 1] *= 1e3;
+        wv[row * IH + 2] *= 1e-3;
+    }
+    // q exactly representable in f16: separates q rounding from every other error source.
+    let q16: Vec<f32> = q.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect();
+    // (label, first page rows, keys, q, w)
+    type Case<'a> = (&'a str, usize, &'a [f32], &'a [f32], &'a [f32]);
+    let cases: [Case; 4] = [
+        ("pages of 16", 16, &kv, &q, &w),
+        ("pages of 1024, q exact in f16", 1024, &kv, &q16, &w),
+        ("pages of 1024, every 97th key x1000", 1024, &big, &q, &w),
+        ("pages of 1024, head q scales 1e-3 / 1e3", 1024, &kv, &qv, &wv),
+    ];
+    for (label, page0, keys_v, qx, wx) in cases {
+        let mut keys = PagedRows::new(gpu, "keys check", ID, page0, s)?;
+        keys.upload(gpu, keys_v)?;
+        // Prefill: queries at s/2 .. s/2 + 7 over all s positions (the rest masked).
+        let a = scores_of(gpu, IndexVariant::Simt, &keys, qx, wx, t, s / 2, s)?;
+        for (v, name) in [(IndexVariant::Coop2, "coop2"), (IndexVariant::Coop2F16, "coop2 q f16"), (IndexVariant::Coop3, "coop3"), (IndexVariant::Coop, "coop")] {
+            let b = scores_of(gpu, v, &keys, qx, wx, t, s / 2, s)?;
+            report_check(format!("indexer {name} vs SIMT: prefill 8 queries, {label}, S={s}"), diff_text(&a, &b, t, s / 2));
+        }
     }
     Ok(())
 }

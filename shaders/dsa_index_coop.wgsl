@@ -12,8 +12,13 @@
 // column-major = one key per column), and the next tile's keys are already in flight while the
 // current tile is multiplied. The accumulators go to workgroup memory (no per-element coop
 // access), then 4 threads per position apply ReLU and the head weights and sum.
-// QSPLIT: q = hi + lo with both parts f16, two products per fragment (about f32 accuracy);
-// without it q is rounded to f16 (about 5e-4 relative per head dot).
+// QSPLIT: q = hi + lo with both parts f16, two products per fragment; without it q is rounded to
+// f16 (about 5e-4 relative per head dot).
+// EXACT (with QSPLIT): the precision scheme of dsa_index_coop2.wgsl, which the H200 measured at
+// f32 agreement (5e-7 of the largest score, every top-2048 equal): q scaled per head by a power
+// of two and split by masking (the earlier lo = f16(x - f32(f16(x))) measured no better than q
+// in f16 alone: the driver folds f32(f16(x)) to x), keys scaled by KEY_SCALE into the exact f16
+// range, positions with a key beyond it recomputed in f32. Without EXACT: the original kernel.
 
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -30,6 +35,8 @@ struct IndexParams {
 }
 
 override QSPLIT: bool = true;
+override EXACT: bool = true;
+override KEY_SCALE: f32 = 1024.0;
 const IH: u32 = 32u;
 const ID: u32 = 128u;
 const TILE: u32 = 64u;
@@ -65,6 +72,10 @@ var<workgroup> ql: array<vec4<f16>, 1024>; // [32 heads, 128] f16(q - f16(q))
 var<workgroup> cs: array<f32, 2560>;       // 8 tiles x 16 positions x CS
 var<workgroup> ws: array<f32, 32>;
 var<workgroup> red: array<f32, 256>;
+var<workgroup> hs: array<f32, 32>;          // undoes the q and key scales (EXACT)
+var<workgroup> qs: array<f32, 32>;          // per-head power-of-two scale of q (EXACT)
+var<workgroup> qmb: array<atomic<u32>, 32>; // per head: max |q| as f32 bits
+var<workgroup> bad: array<u32, 64>;         // per tile position: key beyond the exact range
 
 fn key_vec(page: u32, i: u32) -> vec4<u32> {
     switch page {
@@ -121,8 +132,36 @@ fn load_keys(s0: u32, j: u32, lid: u32) -> vec4<u32> {
 fn stage_keys(v: vec4<u32>, j: u32, lid: u32) {
     let e = j * WG + lid;
     let at = (e / 16u) * KV4 + (e % 16u) * 2u;
-    kt[at] = vec4<f16>(vec4<f32>(bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y)));
-    kt[at + 1u] = vec4<f16>(vec4<f32>(bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w)));
+    let f0 = vec4<f32>(bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y));
+    let f1 = vec4<f32>(bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w));
+    var ks = 1.0;
+    if (EXACT) {
+        ks = KEY_SCALE;
+        let m4 = max(abs(f0), abs(f1));
+        if (!(max(max(m4.x, m4.y), max(m4.z, m4.w)) * KEY_SCALE <= 65504.0)) {
+            bad[e / 16u] = 1u;
+        }
+    }
+    kt[at] = vec4<f16>(f0 * ks);
+    kt[at + 1u] = vec4<f16>(f1 * ks);
+}
+
+// f32 score of one position straight from the bf16 key (the out-of-range fallback).
+fn exact_score(t: u32, pos: u32) -> f32 {
+    let at = locate(pos);
+    var s = 0.0;
+    for (var h = 0u; h < IH; h++) {
+        var d = 0.0;
+        for (var c = 0u; c < ID / 8u; c++) {
+            let kw = key_vec(at.x, at.y * (ID / 8u) + c);
+            let ka = vec4<f32>(bf_lo(kw.x), bf_hi(kw.x), bf_lo(kw.y), bf_hi(kw.y));
+            let kb = vec4<f32>(bf_lo(kw.z), bf_hi(kw.z), bf_lo(kw.w), bf_hi(kw.w));
+            let qi = t * (IH * ID / 4u) + h * (ID / 4u) + 2u * c;
+            d += dot(q[qi], ka) + dot(q[qi + 1u], kb);
+        }
+        s += ws[h] * max(d, 0.0);
+    }
+    return s;
 }
 
 fn a_hi(mt: u32, kk: u32) -> coop_mat16x16<f16, A> {
@@ -151,14 +190,44 @@ fn index_scores_coop(
     @builtin(subgroup_id) sg: u32,
 ) {
     let t = wg.y;
-    for (var i = lid; i < IH * ID / 4u; i += WG) {
-        let x = q[t * (IH * ID / 4u) + i];
-        let h = vec4<f16>(x);
-        qh[i] = h;
-        ql[i] = vec4<f16>(x - vec4<f32>(h));
-    }
     if (lid < IH) {
+        atomicStore(&qmb[lid], 0u);
+    }
+    if (lid < TILE) {
+        bad[lid] = 0u;
+    }
+    workgroupBarrier();
+    if (EXACT) {
+        for (var i = lid; i < IH * ID / 4u; i += WG) {
+            let a = abs(q[t * (IH * ID / 4u) + i]);
+            atomicMax(&qmb[i / KV4], bitcast<u32>(max(max(a.x, a.y), max(a.z, a.w))));
+        }
+    }
+    workgroupBarrier();
+    if (lid < IH) {
+        // Largest |q| of the head into [2^13, 2^14); undone (with the key scale) before the ReLU.
+        let m = bitcast<f32>(atomicLoad(&qmb[lid]));
+        var e = 0i;
+        if (EXACT && m > 0.0) {
+            e = clamp(13i - (i32((bitcast<u32>(m) >> 23u) & 0xffu) - 127i), -100i, 100i);
+        }
         ws[lid] = w[t * IH + lid] * p.w_scale;
+        qs[lid] = ldexp(1.0, e);
+        hs[lid] = select(1.0, ldexp(1.0, -e) / KEY_SCALE, EXACT);
+    }
+    workgroupBarrier();
+    for (var i = lid; i < IH * ID / 4u; i += WG) {
+        let x = q[t * (IH * ID / 4u) + i] * qs[i / KV4];
+        if (EXACT) {
+            // hi = top 11 significant bits (exact in f16, not foldable), lo = x - hi exact in f32.
+            let h = bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) & vec4<u32>(0xffffe000u));
+            qh[i] = vec4<f16>(h);
+            ql[i] = vec4<f16>(x - h);
+        } else {
+            let h = vec4<f16>(x);
+            qh[i] = h;
+            ql[i] = vec4<f16>(x - vec4<f32>(h));
+        }
     }
     workgroupBarrier();
     // Subgroup sg (of 8: the host runs this kernel only where subgroups are 32 wide) owns one
@@ -220,7 +289,7 @@ fn index_scores_coop(
         let h0 = eq * 8u;
         var sum = 0.0;
         for (var j = 0u; j < 8u; j++) {
-            sum += ws[h0 + j] * max(cs[e_at + j], 0.0);
+            sum += ws[h0 + j] * max(cs[e_at + j] * hs[h0 + j], 0.0);
         }
         red[lid] = sum;
         workgroupBarrier();
@@ -230,9 +299,12 @@ fn index_scores_coop(
                 var v = red[4u * lid] + red[4u * lid + 1u] + red[4u * lid + 2u] + red[4u * lid + 3u];
                 if (pos > last) {
                     v = bitcast<f32>(0xff800000u);
+                } else if (EXACT && bad[lid] != 0u) {
+                    v = exact_score(t, pos);
                 }
                 scores[t * p.row_stride + pos] = v;
             }
+            bad[lid] = 0u;
         }
         tile = next;
     }

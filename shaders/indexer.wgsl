@@ -150,3 +150,37 @@ fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         }
     }
 }
+
+// Bench diagnostic (not scores): the key reads of the scan alone, with the same bindings, paging
+// and per-load page switch, coalesced like the coop kernels' loads (16-byte chunk lid % 16 of
+// position lid / 16, four per thread per 64-position tile); each position's chunks are xor-ed
+// and the bits written, so no load can be dropped. Its time is the floor of this access pattern.
+// K3.1 rows only (ID = 128: 16 chunks per row); the host builds it with those constants.
+var<workgroup> probe: array<u32, 1024>; // [position in tile][chunk]
+
+@compute @workgroup_size(256)
+fn index_keys_probe(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wg.y;
+    var v: array<vec4<u32>, 4>;
+    for (var j = 0u; j < 4u; j++) {
+        let e = j * WG + lid;
+        let pos = wg.x * TILE + e / 16u;
+        if (pos < p.n_pos) {
+            let at = locate(pos);
+            v[j] = key_vec(at.x, at.y * 16u + e % 16u);
+        }
+    }
+    for (var j = 0u; j < 4u; j++) {
+        probe[j * WG + lid] = v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    }
+    workgroupBarrier();
+    let pos = wg.x * TILE + lid;
+    if (lid < TILE && pos < p.n_pos) {
+        // q and w are read so that the binding layout matches index_scores.
+        var x = bitcast<u32>(q[t].x * 0.0 + w[t]);
+        for (var c = 0u; c < 16u; c++) {
+            x ^= probe[lid * 16u + c];
+        }
+        scores[t * p.row_stride + pos] = bitcast<f32>(x & 0x3fffffffu);
+    }
+}
