@@ -316,11 +316,28 @@ impl Gpu {
         groups: (u32, u32),
         profiler: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
+        self.dispatch_grid(enc, kernel, params, buffers, self.grid_of(groups), profiler)
+    }
+
+    /// [`Gpu::dispatch`] over an explicit `[x, y, z]` grid: the uniform from this forward's
+    /// arena and the bind group from its cache, so a static decode graph records cheaply.
+    pub fn dispatch_grid<P: bytemuck::Pod>(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        kernel: &Kernel,
+        params: &P,
+        buffers: &[(u32, &wgpu::Buffer)],
+        grid: [u32; 3],
+        profiler: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
         let bytes = bytemuck::bytes_of(params);
         let slot = frame::with(self.id, |f| f.uniform_slot(&self.device, &self.queue, bytes));
         let Some((arena, offset, slot)) = slot else {
             let uniform = self.uniform(kernel.name, params);
-            return self.record_with_uniform(enc, kernel, &uniform, buffers, groups, profiler);
+            let mut entries = Vec::with_capacity(buffers.len() + 1);
+            entries.push((0, &uniform));
+            entries.extend_from_slice(buffers);
+            return self.record(enc, kernel, &entries, grid, profiler);
         };
         let pipeline = self.pipelines.get(self, kernel)?;
         let key = frame::BindKey { kernel: kernel.name, uniform_slot: slot, buffers: buffers.iter().map(|(b, buf)| (*b, (*buf).clone())).collect() };
@@ -346,7 +363,6 @@ impl Gpu {
                 b
             }
         };
-        let grid = self.grid_of(groups);
         self.pass(enc, kernel, &pipeline, &bind, grid, profiler)
     }
 

@@ -565,9 +565,8 @@ pub fn index_scores_kernel(
         w_scale: ((heads * id) as f32).powf(-0.5),
         _pad: 0,
     };
-    let u = gpu.uniform("index params", &params);
     let slots = keys.slots();
-    let mut entries = vec![(0, &u), (1, q), (2, w), (3, scores)];
+    let mut entries = vec![(1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
     let groups = if kernel.shader == "dsa_index_coop2" {
         let cap = INDEX_COOP2_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
@@ -579,7 +578,7 @@ pub fn index_scores_kernel(
         [n_pos.div_ceil(64) as u32, n_queries as u32, 1]
     };
     check_groups(gpu, "index_scores", groups)?;
-    run(gpu, enc, &kernel, &entries, groups, profiler)
+    gpu.dispatch_grid(enc, &kernel, &params, &entries, groups, profiler)
 }
 
 /// Scratch of the top-k select for up to `rows` rows of `row_len` positions.
@@ -808,10 +807,10 @@ pub fn mla_absorb(
     }
     need(q, n_queries * dims.heads * (dims.nope + dims.rope) * 4, "mla_absorb q")?;
     need(qa, n_queries * dims.heads * dims.width() * 4, "mla_absorb qa")?;
-    let u = gpu.uniform("mla params", &dims.params(n_queries, 0, cache));
+    let params = dims.params(n_queries, 0, cache);
     let groups = [dims.latent.div_ceil(128) as u32, dims.heads as u32, n_queries as u32];
     check_groups(gpu, "mla_absorb", groups)?;
-    run(gpu, enc, &MLA_ABSORB, &[(0, &u), (1, q), (2, wkv), (3, qa)], groups, profiler)
+    gpu.dispatch_grid(enc, &MLA_ABSORB, &params, &[(1, q), (2, wkv), (3, qa)], groups, profiler)
 }
 
 /// Splits of the selection per (query, head) for the attention pass.
@@ -914,9 +913,8 @@ pub fn mla_attention_variant(
     params.splits = splits as u32;
     params.dense = sel.is_none() as u32;
     params.has_gate = gate.is_some() as u32;
-    let u = gpu.uniform("mla params", &params);
     let slots = cache.slots();
-    let mut entries = vec![(0, &u), (3, qa), (4, sel_buf), (5, part)];
+    let mut entries = vec![(3, qa), (4, sel_buf), (5, part)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (6 + i as u32, *b)));
     let (kernel, head_groups) = match variant {
         MlaVariant::PerHead => (MLA_ATTEND, dims.heads),
@@ -924,12 +922,13 @@ pub fn mla_attention_variant(
     };
     let groups = [splits as u32, head_groups as u32, n_queries as u32];
     check_groups(gpu, "mla_attend", groups)?;
-    run(gpu, enc, &kernel, &entries, groups, profiler.as_deref_mut())?;
-    run(gpu, enc, &MLA_MERGE, &[(0, &u), (5, part), (24, lse)], [dims.heads as u32, n_queries as u32, 1], profiler.as_deref_mut())?;
-    let entries = [(0, &u), (2, wkv), (5, part), (22, gate.unwrap_or(dummy)), (23, o)];
+    gpu.dispatch_grid(enc, &kernel, &params, &entries, groups, profiler.as_deref_mut())?;
+    let merge_groups = [dims.heads as u32, n_queries as u32, 1];
+    gpu.dispatch_grid(enc, &MLA_MERGE, &params, &[(5, part), (24, lse)], merge_groups, profiler.as_deref_mut())?;
+    let entries = [(2, wkv), (5, part), (22, gate.unwrap_or(dummy)), (23, o)];
     let groups = [(dims.heads * dims.v_dim).div_ceil(8) as u32, n_queries as u32, 1];
     check_groups(gpu, "mla_out", groups)?;
-    run(gpu, enc, &MLA_OUT, &entries, groups, profiler)
+    gpu.dispatch_grid(enc, &MLA_OUT, &params, &entries, groups, profiler)
 }
 
 /// Dense scaled logits [T, H, n_pos] of qa against cache rows 0..n_pos (-inf beyond
@@ -982,12 +981,11 @@ pub fn row_norm(
     need(x, rows * stride * 4, "row_norm x")?;
     need(gamma, n * 4, "row_norm gamma")?;
     let params = NormParams { rows: rows as u32, stride: stride as u32, offset: offset as u32, n: n as u32, eps, ..Default::default() };
-    let u = gpu.uniform("norm params", &params);
     match beta {
         Some(b) => {
             need(b, n * 4, "row_norm beta")?;
-            run(gpu, enc, &LAYER_NORM, &[(0, &u), (1, x), (2, gamma), (3, b)], [rows as u32, 1, 1], profiler)
+            gpu.dispatch_grid(enc, &LAYER_NORM, &params, &[(1, x), (2, gamma), (3, b)], [rows as u32, 1, 1], profiler)
         }
-        None => run(gpu, enc, &RMS_NORM, &[(0, &u), (1, x), (2, gamma)], [rows as u32, 1, 1], profiler),
+        None => gpu.dispatch_grid(enc, &RMS_NORM, &params, &[(1, x), (2, gamma)], [rows as u32, 1, 1], profiler),
     }
 }

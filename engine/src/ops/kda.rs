@@ -520,7 +520,6 @@ pub fn decode_with(
     let k = geom.head_dim;
     need(state, geom.heads * k * k, "state [H, K, V]")?;
     need(o, geom.proj(), "o [H, V]")?;
-    let uniform = gpu.uniform("kda params", &geom.params(1, pos));
     let bufs = [
         (1, inp.qkv),
         (2, inp.f),
@@ -533,7 +532,8 @@ pub fn decode_with(
         (9, o),
     ];
     let (kernel, cols) = variant.kernel();
-    dispatch(gpu, enc, kernel, &uniform, &bufs, geom.heads * k.div_ceil(cols), profiler)
+    // The per-forward uniform arena and bind-group cache: decode records this every token.
+    gpu.dispatch(enc, kernel, &geom.params(1, pos), &bufs, ((geom.heads * k.div_ceil(cols)) as u32, 1), profiler)
 }
 
 fn check_variant(gpu: &Gpu, geom: &KdaGeom, variant: DecodeVariant) -> Result<(), GpuError> {
