@@ -4,7 +4,7 @@
 //! 2048-token prefill MoE chunk (grouped by expert on the GPU).
 //! Run: `cargo bench --bench moe [-- --quick] [--experts-only] [--json FILE]`.
 
-use k31_engine::bench::{breakdown, copy_bandwidth, time_gpu, Row};
+use k31_engine::bench::{time_back_to_back, breakdown, copy_bandwidth, time_gpu, Row};
 use k31_engine::config::{Activation, ExpertFormat};
 use k31_engine::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use k31_engine::gpu::{Gpu, GpuTensor};
@@ -34,6 +34,8 @@ fn main() -> anyhow::Result<()> {
             ("o_proj 12288->7168", 7168, 12288),
             ("shared up 7168->6144", 6144, 7168),
             ("shared down 6144->7168", 7168, 6144),
+            ("latent down 7168->3584", 3584, 7168),
+            ("latent up 3584->7168", 7168, 3584),
             ("dense up 7168->33792", 33792, 7168),
             ("lm_head 7168->163840", 163840, 7168),
         ]
@@ -47,6 +49,15 @@ fn main() -> anyhow::Result<()> {
         for &v in &variants {
             let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_variant(&gpu, enc, &w, &x, &y, Some(v), prof))?;
             let row = Row { name: format!("{} {name}", v.name), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
+            row.print();
+            rows.push(row);
+        }
+        // Back to back as in a model's command stream (8 per submission, two copies of W in
+        // turn so the previous GEMV's weights are not in L2), default kernel.
+        if n * k * 2 <= 512 << 20 {
+            let w2 = GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)?;
+            let t = time_back_to_back(&gpu, 3, 20, 8, |enc, i| gemv::gemv(&gpu, enc, if i % 2 == 0 { &w } else { &w2 }, &x, &y, None))?;
+            let row = Row { name: format!("gemv back to back {name}"), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
             row.print();
             rows.push(row);
         }
@@ -103,6 +114,17 @@ fn main() -> anyhow::Result<()> {
                 println!("    {label:<40} {:>9.2} us", secs * 1e6);
             }
         }
+        // The default decode back to back (4 tokens' worth per submission, no per-pass timestamps).
+        let t = time_back_to_back(&gpu, 3, 20, 4, |enc, _| moe::experts_decode(&gpu, enc, &store, &call, None, &z, &idx, &wts, &h, &y, None))?;
+        let row = Row {
+            name: format!("mxfp4 top-{top_k} experts {n_in}x{n_mid} decode, default, back to back"),
+            time_us: t * 1e6,
+            rate: (top_k * expert_bytes) as f64 / t / 1e9,
+            ceiling: copy,
+            unit: "GB/s",
+        };
+        row.print();
+        rows.push(row);
     }
 
     // Prefill chunk: T tokens, top_k of the resident experts each, grouped on the GPU.

@@ -43,6 +43,64 @@ pub fn time_gpu(
     Ok(samples[samples.len() / 2])
 }
 
+/// Median GPU time in seconds of ONE of `inner` back-to-back repetitions that `record(enc, i)`
+/// records (no per-pass timestamps: an empty pass before and after carries the two), over
+/// `reps` submissions after `warmup`: the steady-state cost of a kernel inside a model's
+/// command stream, without the few microseconds a timestamped pass adds to each kernel.
+/// Falls back to wall-clock time when timestamps are unavailable.
+pub fn time_back_to_back(
+    gpu: &Gpu,
+    warmup: usize,
+    reps: usize,
+    inner: usize,
+    mut record: impl FnMut(&mut wgpu::CommandEncoder, usize) -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
+    let inner = inner.max(1);
+    let queries = gpu.caps.timestamps.then(|| {
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("back to back"), ty: wgpu::QueryType::Timestamp, count: 2 });
+        let buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("back to back resolve"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        (set, buf)
+    });
+    let period = gpu.queue.get_timestamp_period() as f64;
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..warmup + reps {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let start = std::time::Instant::now();
+        if let Some((set, _)) = &queries {
+            let ts = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: None, end_of_pass_write_index: Some(0) };
+            drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span start"), timestamp_writes: Some(ts) }));
+        }
+        for i in 0..inner {
+            record(&mut enc, i)?;
+        }
+        if let Some((set, buf)) = &queries {
+            let ts = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(1), end_of_pass_write_index: None };
+            drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span end"), timestamp_writes: Some(ts) }));
+            enc.resolve_query_set(set, 0..2, buf, 0);
+        }
+        gpu.queue.submit([enc.finish()]);
+        gpu.wait()?;
+        let wall = start.elapsed().as_secs_f64();
+        let t = match &queries {
+            Some((_, buf)) => {
+                let raw: Vec<u64> = gpu.read(buf, 2)?;
+                raw[1].saturating_sub(raw[0]) as f64 * period * 1e-9
+            }
+            None => wall,
+        };
+        if rep >= warmup {
+            samples.push(t / inner as f64);
+        }
+    }
+    samples.sort_by(f64::total_cmp);
+    Ok(samples[samples.len() / 2])
+}
+
 /// Mean GPU time per kernel label over `reps` recordings (after one warm-up), largest first:
 /// where a multi-dispatch op spends its time.
 pub fn breakdown(
