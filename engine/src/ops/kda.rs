@@ -36,26 +36,12 @@ pub const KDA_DECODE_C16: Kernel =
 pub const KDA_DECODE_T8: Kernel = Kernel::new("kda_decode_t8", "kda", "kda_decode_t").with_constants(&[("TC4", 2.0)]).unchecked();
 pub const KDA_DECODE_T16: Kernel = Kernel::new("kda_decode_t16", "kda", "kda_decode_t").with_constants(&[("TC4", 4.0)]).unchecked();
 pub const KDA_DECODE_T32: Kernel = Kernel::new("kda_decode_t32", "kda", "kda_decode_t").with_constants(&[("TC4", 8.0)]).unchecked();
-/// ... 32 columns per 256 threads (kda_decode's tiling with the new prologue: the fastest
-/// variant measured on the H200, docs/perf.md), and two not yet measured: 16 columns per
-/// 256 threads (768 workgroups, 2 rows per thread) and 32 columns per 512 threads.
+/// ... and 32 columns per 256 threads (kda_decode's tiling with the new prologue: the fastest
+/// variant measured on the H200, docs/perf.md; 16 columns per 256 threads, 32 per 512 and an
+/// early-prologue form measured slower and were removed).
 /// DRMAX caps the rows per thread: a variant runs only where K <= DRG * DRMAX.
 pub const KDA_DECODE_T32W256: Kernel = Kernel::new("kda_decode_t32w256", "kda", "kda_decode_t")
     .with_constants(&[("TC4", 8.0), ("DWG", 256.0), ("DRMAX", 8.0)])
-    .unchecked();
-pub const KDA_DECODE_T16W256: Kernel = Kernel::new("kda_decode_t16w256", "kda", "kda_decode_t")
-    .with_constants(&[("TC4", 4.0), ("DWG", 256.0), ("DRMAX", 4.0)])
-    .unchecked();
-pub const KDA_DECODE_T32W512: Kernel = Kernel::new("kda_decode_t32w512", "kda", "kda_decode_t")
-    .with_constants(&[("TC4", 8.0), ("DWG", 512.0), ("DRMAX", 4.0)])
-    .unchecked();
-/// kda_decode_p: kda_decode_t with the prologue's loads issued before the state loads (not
-/// yet measured), 32 and 16 columns per 256 threads.
-pub const KDA_DECODE_P32W256: Kernel = Kernel::new("kda_decode_p32w256", "kda", "kda_decode_p")
-    .with_constants(&[("TC4", 8.0), ("DWG", 256.0), ("DRMAX", 8.0)])
-    .unchecked();
-pub const KDA_DECODE_P16W256: Kernel = Kernel::new("kda_decode_p16w256", "kda", "kda_decode_p")
-    .with_constants(&[("TC4", 4.0), ("DWG", 256.0), ("DRMAX", 4.0)])
     .unchecked();
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
@@ -77,10 +63,6 @@ pub const KERNELS: &[Kernel] = &[
     KDA_DECODE_T16,
     KDA_DECODE_T32,
     KDA_DECODE_T32W256,
-    KDA_DECODE_T16W256,
-    KDA_DECODE_T32W512,
-    KDA_DECODE_P32W256,
-    KDA_DECODE_P16W256,
     KDA_GATED_NORM,
     KDA_CHUNK_CUMSUM,
     KDA_CHUNK_INTRA,
@@ -125,13 +107,6 @@ pub enum DecodeVariant {
     /// kda_decode_t, 32 columns per 256 threads (C32's tiling, T's prologue): the default
     /// where it runs (conv width <= 4), measured fastest on the H200.
     T32w256,
-    /// kda_decode_t, 16 columns per 256 threads and 32 per 512 (not yet measured).
-    T16w256,
-    T32w512,
-    /// kda_decode_p (prologue loads before the state loads), 32 / 16 columns per 256 threads
-    /// (not yet measured).
-    P32w256,
-    P16w256,
 }
 
 /// Widest conv of the tiled decode kernels (DTAPS in kda.wgsl).
@@ -146,40 +121,29 @@ struct DecodeShape {
     threads: usize,
     /// Register rows per thread (K <= row groups * this).
     rows: usize,
-    /// kda_decode_t / kda_decode_p (conv width <= DECODE_TAPS).
+    /// kda_decode_t (conv width <= DECODE_TAPS).
     tiled: bool,
-    /// kda_decode_p: one key channel per thread (K <= threads).
-    early: bool,
 }
 
 impl DecodeVariant {
-    pub const ALL: [DecodeVariant; 10] = [
+    pub const ALL: [DecodeVariant; 6] = [
         DecodeVariant::C32,
         DecodeVariant::C16,
         DecodeVariant::T8,
         DecodeVariant::T16,
         DecodeVariant::T32,
         DecodeVariant::T32w256,
-        DecodeVariant::T16w256,
-        DecodeVariant::T32w512,
-        DecodeVariant::P32w256,
-        DecodeVariant::P16w256,
     ];
 
     fn shape(self) -> DecodeShape {
-        let t = |kernel, cols, threads, rows| DecodeShape { kernel, cols, threads, rows, tiled: true, early: false };
-        let e = |kernel, cols, threads, rows| DecodeShape { kernel, cols, threads, rows, tiled: true, early: true };
+        let t = |kernel, cols, threads, rows| DecodeShape { kernel, cols, threads, rows, tiled: true };
         match self {
-            DecodeVariant::C32 => DecodeShape { kernel: &KDA_DECODE, cols: 32, threads: 256, rows: 8, tiled: false, early: false },
-            DecodeVariant::C16 => DecodeShape { kernel: &KDA_DECODE_C16, cols: 16, threads: 256, rows: 4, tiled: false, early: false },
+            DecodeVariant::C32 => DecodeShape { kernel: &KDA_DECODE, cols: 32, threads: 256, rows: 8, tiled: false },
+            DecodeVariant::C16 => DecodeShape { kernel: &KDA_DECODE_C16, cols: 16, threads: 256, rows: 4, tiled: false },
             DecodeVariant::T8 => t(&KDA_DECODE_T8, 8, 128, 4),
             DecodeVariant::T16 => t(&KDA_DECODE_T16, 16, 128, 8),
             DecodeVariant::T32 => t(&KDA_DECODE_T32, 32, 128, 16),
             DecodeVariant::T32w256 => t(&KDA_DECODE_T32W256, 32, 256, 8),
-            DecodeVariant::T16w256 => t(&KDA_DECODE_T16W256, 16, 256, 4),
-            DecodeVariant::T32w512 => t(&KDA_DECODE_T32W512, 32, 512, 4),
-            DecodeVariant::P32w256 => e(&KDA_DECODE_P32W256, 32, 256, 8),
-            DecodeVariant::P16w256 => e(&KDA_DECODE_P16W256, 16, 256, 4),
         }
     }
 
@@ -189,15 +153,12 @@ impl DecodeVariant {
     }
 
     /// Whether this variant runs on `gpu` at `geom`: the tiled kernels need conv width <= 4,
-    /// K within their register rows (and kda_decode_p K <= its threads) and the adapter's
+    /// K within their register rows and the adapter's
     /// workgroup size and memory.
     pub fn runs_on(self, gpu: &Gpu, geom: &KdaGeom) -> bool {
         let sh = self.shape();
         let row_groups = sh.threads / (sh.cols / 4);
         if geom.head_dim > row_groups * sh.rows || sh.threads > gpu.caps.max_invocations as usize {
-            return false;
-        }
-        if sh.early && geom.head_dim > sh.threads {
             return false;
         }
         // kda_decode_t's workgroup memory: partials [3, threads], q / k / decay [3, 256],
