@@ -33,6 +33,10 @@ const fn sg(name: &'static str, c: &'static [(&'static str, f64)]) -> Kernel {
 pub const GEMV_BF16_SG_RS1: Kernel = sg("gemv_bf16_sg_rs1", &[("RS", 1.0), ("RPW", 8.0)]);
 pub const GEMV_BF16_SG_RS2: Kernel = sg("gemv_bf16_sg_rs2", &[("RS", 2.0), ("RPW", 16.0)]);
 pub const GEMV_BF16_SG_RS4: Kernel = sg("gemv_bf16_sg_rs4", &[("RS", 4.0), ("RPW", 32.0)]);
+/// Column parts (CS subgroups per row group, totals combined in workgroup memory): more,
+/// shorter workgroups for matrices with few rows.
+pub const GEMV_BF16_SG_CS2: Kernel = sg("gemv_bf16_sg_cs2", &[("RS", 2.0), ("RPW", 8.0), ("CS", 2.0)]);
+pub const GEMV_BF16_SG_CS4: Kernel = sg("gemv_bf16_sg_cs4", &[("RS", 2.0), ("RPW", 4.0), ("CS", 4.0)]);
 pub const GEMV_BF16_SG: Kernel = GEMV_BF16_SG_RS2;
 /// Up to four matrices sharing x in one dispatch (gemv_multi.wgsl), 16 rows per workgroup.
 pub const GEMV_BF16_MULTI: Kernel = Kernel::new("gemv_bf16_multi", "gemv_multi", "gemv_bf16_sg_multi")
@@ -52,11 +56,13 @@ pub const KERNELS: &[Kernel] = &[
     GEMV_BF16_SG_RS1,
     GEMV_BF16_SG_RS2,
     GEMV_BF16_SG_RS4,
+    GEMV_BF16_SG_CS2,
+    GEMV_BF16_SG_CS4,
     GEMV_BF16_MULTI,
 ];
 /// Every bf16 fast-path variant (cols % 8 == 0), for tests and benches.
 pub const FAST_VARIANTS: &[Kernel] =
-    &[GEMV_BF16_V4_R1, GEMV_BF16_V4_R2, GEMV_BF16_V4_R4, GEMV_BF16_V4_R8, GEMV_BF16_SG_RS1, GEMV_BF16_SG_RS2, GEMV_BF16_SG_RS4];
+    &[GEMV_BF16_V4_R1, GEMV_BF16_V4_R2, GEMV_BF16_V4_R4, GEMV_BF16_V4_R8, GEMV_BF16_SG_RS1, GEMV_BF16_SG_RS2, GEMV_BF16_SG_RS4, GEMV_BF16_SG_CS2, GEMV_BF16_SG_CS4];
 
 /// Rows one workgroup of a fast-path variant covers.
 fn rows_of(kernel: &Kernel) -> u32 {
