@@ -7,11 +7,7 @@
 
 override RS: u32 = 2u;
 override RPW: u32 = 16u;
-// Column parts per row group, as in gemv_sg.wgsl.
-override CS: u32 = 1u;
 const MAX_RS: u32 = 4u;
-
-var<workgroup> part_sum: array<f32, 256>; // [part][row of the workgroup], RPW * CS <= 256
 
 fn unit_dot(q: vec4<u32>, a: vec4<f32>, b: vec4<f32>) -> f32 {
     let lo = bitcast<vec4<f32>>(q << vec4<u32>(16u));
@@ -82,7 +78,6 @@ fn gemv_bf16_sg_multi(
     @builtin(subgroup_size) sgs: u32,
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
-    @builtin(local_invocation_index) lid: u32,
 ) {
     let block = wg.x + wg.y * nwg.x;
     var e = 0u;
@@ -98,19 +93,15 @@ fn gemv_bf16_sg_multi(
     let rows = mp.rows[e];
     let first = (block - mp.start[e]) * RPW;
     let units = mp.cols / 8u;
-    let parts = min(CS, nsg);
-    let part = sg % parts;
-    let groups = nsg / parts;
-    let stride = parts * sgs;
-    for (var r0 = (sg / parts) * RS; r0 < RPW && sg / parts < groups; r0 += groups * RS) {
+    for (var r0 = sg * RS; r0 < RPW; r0 += nsg * RS) {
         let row0 = first + r0;
         if (row0 >= rows) {
             break;
         }
         var acc: array<f32, MAX_RS>;
-        var u = part * sgs + lane;
-        for (; u + stride < units; u += 2u * stride) {
-            let v = u + stride;
+        var u = lane;
+        for (; u + sgs < units; u += 2u * sgs) {
+            let v = u + sgs;
             let a0 = mx4[2u * u];
             let b0 = mx4[2u * u + 1u];
             let a1 = mx4[2u * v];
@@ -136,22 +127,8 @@ fn gemv_bf16_sg_multi(
         for (var i = 0u; i < RS; i++) {
             let total = subgroupAdd(acc[i]);
             if (lane == 0u && row0 + i < rows) {
-                if (parts == 1u) {
-                    my_store(e, mp.row_offset[e] + row0 + i, total);
-                } else {
-                    part_sum[part * RPW + r0 + i] = total;
-                }
+                my_store(e, mp.row_offset[e] + row0 + i, total);
             }
-        }
-    }
-    if (CS > 1u) {
-        workgroupBarrier();
-        if (parts > 1u && lid < RPW && first + lid < rows) {
-            var total = 0.0;
-            for (var j = 0u; j < parts; j++) {
-                total += part_sum[j * RPW + lid];
-            }
-            my_store(e, mp.row_offset[e] + first + lid, total);
         }
     }
 }
