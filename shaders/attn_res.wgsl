@@ -50,8 +50,8 @@ fn source(j: u32, t: u32, i: u32) -> f32 {
 // per source still ~22 us):
 //   attn_res_sums, grid (n * chunks, T), chunks = ceil(d / CHUNK): the sum of squares and
 //     the dot with gamma * proj of one CHUNK of one source -> alpha[T*n + ((t*n + j)*chunks + c)*2 + {0,1}];
-//   attn_res_mix, grid (chunks, T): every workgroup adds the partial sums, takes the softmax of
-//     the n logits and mixes its CHUNK columns; chunk 0 also writes alpha[t*n + j].
+//   attn_res_mix, grid (ceil(d / WG), T): every workgroup adds the partial sums, takes the
+//     softmax of the n logits and mixes its WG columns; workgroup 0 also writes alpha[t*n + j].
 // alpha therefore holds T * n * (1 + 2 * chunks) floats (weights, then partial sums).
 
 const CHUNK: u32 = 1024u;
@@ -154,16 +154,18 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         }
         alpha[t * n + lid] = e;
     }
-    for (var k = 0u; k < CHUNK / WG; k++) {
-        let i = wg.x * CHUNK + k * WG + lid;
-        if (i < p.d) {
-            var acc = 0.0;
-            for (var j = 0u; j < MAX_SOURCES; j++) {
-                if (j < n) {
-                    acc += wj[j] * source(j, t, i);
-                }
-            }
-            out[t * p.d + i] = acc;
-        }
+    // One column per thread, every source load issued unconditionally (clamped index; the
+    // select drops what is not a source without arithmetic on it, so stale or NaN data
+    // cannot leak in): loads under `if (j < n)` were waited for one by one.
+    let i = min(wg.x * WG + lid, p.d - 1u);
+    let cur_v = cur[t * p.d + i];
+    let last_bank = max(p.n_bank, 1u) - 1u;
+    var acc = 0.0;
+    for (var j = 0u; j < MAX_SOURCES; j++) {
+        let v = select(cur_v, bank[min(j, last_bank) * p.bank_stride + t * p.d + i], j < p.n_bank);
+        acc += select(0.0, wj[j] * v, j < n);
+    }
+    if (wg.x * WG + lid < p.d) {
+        out[t * p.d + i] = acc;
     }
 }

@@ -38,11 +38,10 @@ fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     var ss = 0.0;
     for (var i0 = 0u; i0 < p.n; i0 += WG * UNROLL) {
         var v: array<f32, UNROLL>;
+        // Unconditional loads (clamped index, zero selected in): guarded ones waited one by one.
         for (var k = 0u; k < UNROLL; k++) {
             let i = i0 + k * WG + lid;
-            if (i < p.n) {
-                v[k] = x[base + i];
-            }
+            v[k] = select(0.0, x[base + min(i, p.n - 1u)], i < p.n);
         }
         for (var k = 0u; k < UNROLL; k++) {
             ss += v[k] * v[k];

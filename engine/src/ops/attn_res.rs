@@ -14,8 +14,10 @@ shader_params!(
 pub const ATTN_RES_SUMS: Kernel = Kernel::new("attn_res_sums", "attn_res", "attn_res_sums");
 pub const ATTN_RES_MIX: Kernel = Kernel::new("attn_res_mix", "attn_res", "attn_res_mix");
 pub const KERNELS: &[Kernel] = &[ATTN_RES_SUMS, ATTN_RES_MIX];
-/// Output columns per workgroup of the mixing pass (CHUNK in the shader).
+/// Columns per partial sum of the first pass (CHUNK in the shader).
 const CHUNK: usize = 1024;
+/// Output columns per workgroup of the mixing pass (WG in the shader).
+const MIX_COLUMNS: usize = 256;
 /// Most sources one aggregation takes (MAX_SOURCES in the shader).
 pub const MAX_SOURCES: usize = 16;
 
@@ -59,5 +61,5 @@ pub fn attn_res(
     let logits = [(1, bank), (2, cur), (3, gamma), (4, proj), (6, alpha)];
     dispatch(gpu, enc, &ATTN_RES_SUMS, &p, &logits, ((n * d.div_ceil(CHUNK)) as u32, tokens as u32), profiler.as_deref_mut())?;
     let mix = [(1, bank), (2, cur), (5, out), (6, alpha)];
-    dispatch(gpu, enc, &ATTN_RES_MIX, &p, &mix, (d.div_ceil(CHUNK) as u32, tokens as u32), profiler)
+    dispatch(gpu, enc, &ATTN_RES_MIX, &p, &mix, (d.div_ceil(MIX_COLUMNS) as u32, tokens as u32), profiler)
 }

@@ -38,8 +38,9 @@ pub fn rms_norm(
         return Err(GpuError::Shape(format!("rms_norm: {rows} rows in one call (at most {})", gpu.caps.max_workgroups_per_dim)));
     }
     let p = NormParams { rows: rows as u32, n: n as u32, eps, _pad: 0 };
-    // Few rows (decode): split each row's columns over workgroups of ~1024.
-    let chunks = if rows < 32 { n.div_ceil(1024).min(64) } else { 1 } as u32;
+    // Few rows (decode): split each row's columns over workgroups of 256 (one column per
+    // thread in the scaling loop; each workgroup sums the whole row's squares itself).
+    let chunks = if rows < 32 { n.div_ceil(256).min(64) } else { 1 } as u32;
     dispatch(gpu, enc, &RMS_NORM, &p, &[(1, x), (2, w), (3, out)], (chunks, rows as u32), profiler)
 }
 
