@@ -74,10 +74,9 @@ fn attn_res_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     var w: array<f32, 4>;
     for (var k = 0u; k < CHUNK / WG; k++) {
         let i = c * CHUNK + k * WG + lid;
-        if (i < p.d) {
-            v[k] = source(j, t, i);
-            w[k] = bf16_at(0u, i) * bf16_at(1u, i);
-        }
+        let ic = min(i, p.d - 1u);
+        v[k] = select(0.0, source(j, t, ic), i < p.d);
+        w[k] = select(0.0, bf16_at(0u, ic) * bf16_at(1u, ic), i < p.d);
     }
     var ss = 0.0;
     var dq = 0.0;
