@@ -33,6 +33,54 @@ fn bytes_read(cfg: &ModelConfig) -> BTreeMap<(usize, &'static str), f64> {
     m
 }
 
+/// Per-scope GPU time against its floor, and the full 93-layer K3.1 extrapolated from the
+/// mean time of each layer kind: ((GPU us, floor us) per token, JSON rows).
+fn extrapolate(cfg: &ModelConfig, copy: f64, per_scope: &[k31_engine::gpu::OpTime], steps: f64) -> anyhow::Result<((f64, f64), Vec<serde_json::Value>)> {
+    let bytes = bytes_read(cfg);
+    let mut rows = Vec::new();
+    let mut by_kind: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
+    println!("{:<28} {:>10} {:>10} {:>8}", "layer part", "GPU us", "floor us", "x floor");
+    for op in per_scope {
+        let us = op.total_ns / steps / 1e3;
+        let (floor_us, kind) = match op.label.strip_prefix("layer").and_then(|r| r.split_once('.')) {
+            Some((l, rest)) => {
+                let l: usize = l.parse().unwrap_or(0);
+                let part = if rest.starts_with("mixer") { "mixer" } else { "ffn" };
+                (bytes.get(&(l, part)).copied().unwrap_or(0.0) / copy * 1e6, rest.to_string())
+            }
+            // The head reads lm_head; the embedding one row.
+            None if op.label == "head" => ((cfg.vocab_size * cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone()),
+            None => ((cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone()),
+        };
+        println!("{:<28} {:>10.1} {:>10.1} {:>8.2}", op.label, us, floor_us, if floor_us > 0.0 { us / floor_us } else { 0.0 });
+        let e = by_kind.entry(kind).or_insert((0.0, 0.0, 0));
+        e.0 += us;
+        e.1 += floor_us;
+        e.2 += 1;
+        rows.push(serde_json::json!({"scope": op.label, "gpu_us": us, "floor_us": floor_us}));
+    }
+    // Extrapolate to the full K3.1: per-type mean times x the counts of the real schedule.
+    let full = ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?;
+    let count = |m: k31_engine::config::Mixer| full.count_mixer(m) as f64;
+    let mean = |k: &str| by_kind.get(k).map(|(us, fl, n)| (us / *n as f64, fl / *n as f64));
+    let mut total = (0.0, 0.0);
+    for (kind, n) in [
+        ("mixer.kda", count(k31_engine::config::Mixer::Kda)),
+        ("mixer.global", count(k31_engine::config::Mixer::Global)),
+        ("ffn.dense", 1.0),
+        ("ffn.moe", (full.num_layers() - 1) as f64),
+        ("head", 1.0),
+        ("embed", 1.0),
+    ] {
+        if let Some((us, fl)) = mean(kind) {
+            total.0 += us * n;
+            total.1 += fl * n;
+            println!("full K3.1: {kind:<14} x {n:>3}: {:>9.1} us (floor {:>9.1} us)", us * n, fl * n);
+        }
+    }
+    Ok((total, rows))
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let dir: String = arg(&args, "--model").ok_or_else(|| anyhow::anyhow!("--model DIR is required"))?;
@@ -84,30 +132,16 @@ fn main() -> anyhow::Result<()> {
     let wall_med = wall.get(wall.len() / 2).copied().unwrap_or(0.0);
     host.sort_by(f64::total_cmp);
     let host_med = host.get(host.len() / 2).copied().unwrap_or(0.0);
-    let per_scope = prof.report_by(|l| l.split('/').next().unwrap_or(l).to_string());
-    let bytes = bytes_read(&cfg);
-    let mut rows = Vec::new();
-    let mut by_kind: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
-    println!("{:<28} {:>10} {:>10} {:>8}", "layer part", "GPU us", "floor us", "x floor");
-    for op in &per_scope {
-        let us = op.total_ns / steps / 1e3;
-        let (floor_us, kind) = match op.label.strip_prefix("layer").and_then(|r| r.split_once('.')) {
-            Some((l, rest)) => {
-                let l: usize = l.parse().unwrap_or(0);
-                let part = if rest.starts_with("mixer") { "mixer" } else { "ffn" };
-                (bytes.get(&(l, part)).copied().unwrap_or(0.0) / copy * 1e6, rest.to_string())
-            }
-            // The head reads lm_head; the embedding one row.
-            None if op.label == "head" => ((cfg.vocab_size * cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone()),
-            None => ((cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone()),
-        };
-        println!("{:<28} {:>10.1} {:>10.1} {:>8.2}", op.label, us, floor_us, if floor_us > 0.0 { us / floor_us } else { 0.0 });
-        let e = by_kind.entry(kind).or_insert((0.0, 0.0, 0));
-        e.0 += us;
-        e.1 += floor_us;
-        e.2 += 1;
-        rows.push(serde_json::json!({"scope": op.label, "gpu_us": us, "floor_us": floor_us}));
+    // GPU time per layer part without per-pass stamps (each adds a few us): marks at the
+    // scope boundaries only.
+    let mut spans = Profiler::spans(&gpu, 1024);
+    for i in 0..decode_n {
+        let profiler = if i > 0 { Some(&mut spans) } else { None };
+        let out = model.forward(&mut s, &[next], LogitsFor::Last, &mut Hooks { profiler, ..Default::default() })?;
+        next = k31_engine::sample::argmax(&out.logits).unwrap_or(0);
     }
+    let per_scope = prof.report_by(|l| l.split('/').next().unwrap_or(l).to_string());
+    let (total, rows) = extrapolate(&cfg, copy, &per_scope, steps)?;
     // Where each layer kind spends it: kernels per kind (summed over the layers of the kind).
     let by_op = prof.report_by(|l| match l.strip_prefix("layer").and_then(|r| r.split_once('.')) {
         Some((_, rest)) => rest.to_string(),
@@ -118,25 +152,6 @@ fn main() -> anyhow::Result<()> {
         println!("{:<48} {:>10.1}  ({} passes/token)", op.label, op.total_ns / steps / 1e3, op.count as f64 / steps);
     }
 
-    // Extrapolate to the full K3.1: per-type mean times x the counts of the real schedule.
-    let full = ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?;
-    let count = |m: k31_engine::config::Mixer| full.count_mixer(m) as f64;
-    let mean = |k: &str| by_kind.get(k).map(|(us, fl, n)| (us / *n as f64, fl / *n as f64));
-    let mut total = (0.0, 0.0);
-    for (kind, n) in [
-        ("mixer.kda", count(k31_engine::config::Mixer::Kda)),
-        ("mixer.global", count(k31_engine::config::Mixer::Global)),
-        ("ffn.dense", 1.0),
-        ("ffn.moe", (full.num_layers() - 1) as f64),
-        ("head", 1.0),
-        ("embed", 1.0),
-    ] {
-        if let Some((us, fl)) = mean(kind) {
-            total.0 += us * n;
-            total.1 += fl * n;
-            println!("full K3.1: {kind:<14} x {n:>3}: {:>9.1} us (floor {:>9.1} us)", us * n, fl * n);
-        }
-    }
     println!(
         "decode: wall {:.2} ms/token here; full 93-layer K3.1 extrapolated GPU time {:.2} ms/token vs floor {:.2} ms ({:.2}x)",
         wall_med * 1e3,
@@ -145,11 +160,20 @@ fn main() -> anyhow::Result<()> {
         if total.1 > 0.0 { total.0 / total.1 } else { 0.0 }
     );
     println!("decode: host recording and submitting {:.2} ms/token of the {:.2} ms wall", host_med * 1e3, wall_med * 1e3);
+    println!("-- the same parts timed as spans between layer-boundary marks (no per-pass stamps) --");
+    let (span_total, span_rows) = extrapolate(&cfg, copy, &spans.report(), steps)?;
+    println!(
+        "decode: full 93-layer K3.1 extrapolated from spans {:.2} ms/token vs floor {:.2} ms ({:.2}x)",
+        span_total.0 / 1e3,
+        span_total.1 / 1e3,
+        if span_total.1 > 0.0 { span_total.0 / span_total.1 } else { 0.0 }
+    );
     if let Some(path) = json_out {
         let v = serde_json::json!({
             "gpu": gpu.describe(), "copy_gbs": copy / 1e9, "prefill_tokens": prompt_n, "prefill_s": prefill_s,
             "decode_wall_ms": wall_med * 1e3, "decode_host_ms": host_med * 1e3, "rows": rows,
             "full_model_decode_ms": total.0 / 1e3, "full_model_floor_ms": total.1 / 1e3,
+            "span_rows": span_rows, "full_model_decode_spans_ms": span_total.0 / 1e3,
         });
         std::fs::write(path, serde_json::to_string_pretty(&v)?)?;
     }

@@ -230,7 +230,7 @@ impl Model {
 
         let mut enc = g.device.create_command_encoder(&Default::default());
         if let Some(p) = prof.as_deref_mut() {
-            p.set_scope(Some("embed".into()));
+            p.enter(&mut enc, Some("embed".into()));
         }
         embed(g, &mut enc, &self.embed, t, &ids, &carry, prof.as_deref_mut())?;
         let mut n_bank = 0usize;
@@ -241,7 +241,7 @@ impl Model {
                 MixerWeights::Global(_) => "global",
             };
             if let Some(p) = prof.as_deref_mut() {
-                p.set_scope(Some(format!("layer{l}.mixer.{kind}")));
+                p.enter(&mut enc, Some(format!("layer{l}.mixer.{kind}")));
             }
             // Attention-side input h (spec 3.2).
             let h_in: &wgpu::Buffer = match &layer.res {
@@ -291,7 +291,7 @@ impl Model {
                 None => part_now,
             };
             if let Some(p) = prof.as_deref_mut() {
-                p.set_scope(Some(format!("layer{l}.ffn.{}", match cfg.layers[l].ffn {
+                p.enter(&mut enc, Some(format!("layer{l}.ffn.{}", match cfg.layers[l].ffn {
                     crate::config::Ffn::Dense => "dense",
                     crate::config::Ffn::Moe => "moe",
                 })));
@@ -307,7 +307,7 @@ impl Model {
             }
         }
         if let Some(p) = prof.as_deref_mut() {
-            p.set_scope(Some("head".into()));
+            p.enter(&mut enc, Some("head".into()));
         }
         let h_out: &wgpu::Buffer = match &self.output_res {
             Some(q) => {
@@ -331,6 +331,9 @@ impl Model {
         };
         let logits = g.scratch("logits", (rows * vocab * 4) as u64);
         linear(g, &mut enc, &self.lm_head, rows, &head_in, &logits, prof.as_deref_mut())?;
+        if let Some(p) = prof.as_deref_mut() {
+            p.end_span(&mut enc);
+        }
         g.queue.submit([enc.finish()]);
         let host_record_s = started.elapsed().as_secs_f64();
         let logits: Vec<f32> = g.read(&logits, rows * vocab)?;

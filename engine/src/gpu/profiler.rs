@@ -1,6 +1,9 @@
 //! GPU timestamp profiler: each labelled op runs in its own compute pass whose begin and
 //! end timestamps are written to a query set; `collect` attributes the time to labels.
-//! On adapters without TIMESTAMP_QUERY it records nothing and says so.
+//! Span mode (`Profiler::spans`) stamps no pass: the recorder marks scope boundaries
+//! (`Profiler::enter`, `Profiler::end_span`) with empty passes whose end-of-pass stamp is
+//! written once all earlier work is done, so a scope's time is the span between its marks,
+//! without the few microseconds every stamped pass adds. On adapters without TIMESTAMP_QUERY it records nothing and says so.
 
 use super::{Gpu, GpuError};
 use std::collections::BTreeMap;
@@ -23,6 +26,8 @@ pub struct Profiler {
     scope: Option<String>,
     /// Passes that found the query set full (their time is not attributed).
     pub dropped: u64,
+    /// Span mode: stamps only at marked scope boundaries (see the module doc).
+    spans: bool,
 }
 
 impl Profiler {
@@ -52,6 +57,7 @@ impl Profiler {
             totals: BTreeMap::new(),
             scope: None,
             dropped: 0,
+            spans: false,
         }
     }
 
@@ -59,8 +65,46 @@ impl Profiler {
         self.queries.is_some()
     }
 
+    /// A span-mode profiler (see the module doc): up to 2 * `capacity` marks between two
+    /// `collect` calls; the recording must end with [`Profiler::end_span`].
+    pub fn spans(gpu: &Gpu, capacity: u32) -> Profiler {
+        Profiler { spans: true, ..Profiler::new(gpu, capacity) }
+    }
+
+    /// Attributes the next passes to `scope`; in span mode also marks the boundary in `enc`.
+    pub fn enter(&mut self, enc: &mut wgpu::CommandEncoder, scope: Option<String>) {
+        if self.spans {
+            self.mark(enc, scope.clone().unwrap_or_default());
+        }
+        self.scope = scope;
+    }
+
+    /// Span mode: marks the end of the last span (nothing otherwise).
+    pub fn end_span(&mut self, enc: &mut wgpu::CommandEncoder) {
+        if self.spans {
+            self.mark(enc, String::new());
+        }
+    }
+
+    /// An empty pass whose end-of-pass stamp closes the open span and starts `label`'s
+    /// (empty: none).
+    fn mark(&mut self, enc: &mut wgpu::CommandEncoder, label: String) {
+        let Some((set, _)) = self.queries.as_ref() else { return };
+        let i = self.pending.len() as u32;
+        if i >= 2 * self.capacity {
+            self.dropped += 1;
+            return;
+        }
+        self.pending.push(label);
+        let ts = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: None, end_of_pass_write_index: Some(i) };
+        drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span mark"), timestamp_writes: Some(ts) }));
+    }
+
     /// Timestamp writes for the next pass, attributed to `label`.
     pub fn pass(&mut self, label: &str) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        if self.spans {
+            return None;
+        }
         let (set, _) = self.queries.as_ref()?;
         let i = self.pending.len() as u32;
         if i >= self.capacity {
@@ -86,10 +130,25 @@ impl Profiler {
         if n == 0 {
             return Ok(());
         }
+        let stamps = if self.spans { n } else { 2 * n };
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        enc.resolve_query_set(set, 0..2 * n, resolve, 0);
+        enc.resolve_query_set(set, 0..stamps, resolve, 0);
         gpu.queue.submit([enc.finish()]);
-        let raw: Vec<u64> = gpu.read(resolve, 2 * n as usize)?;
+        let raw: Vec<u64> = gpu.read(resolve, stamps as usize)?;
+        if self.spans {
+            // Span i runs from stamp i to stamp i + 1; the end marker (empty label) starts none.
+            let labels: Vec<String> = self.pending.drain(..).collect();
+            for (i, label) in labels.iter().enumerate().take(labels.len().saturating_sub(1)) {
+                if label.is_empty() {
+                    continue;
+                }
+                let ns = raw[i + 1].saturating_sub(raw[i]) as f64 * self.period_ns;
+                let e = self.totals.entry(label.clone()).or_insert_with(|| OpTime { label: label.clone(), ..Default::default() });
+                e.count += 1;
+                e.total_ns += ns;
+            }
+            return Ok(());
+        }
         for (i, label) in self.pending.drain(..).enumerate() {
             let (a, b) = (raw[2 * i], raw[2 * i + 1]);
             let ns = b.saturating_sub(a) as f64 * self.period_ns;
