@@ -93,7 +93,7 @@ fn main() -> anyhow::Result<()> {
     println!("copy bandwidth: {:.1} GB/s", copy / 1e9);
     let ck = Checkpoint::open(std::path::Path::new(&dir))?;
     let t = std::time::Instant::now();
-    let model = Model::load(gpu.clone(), &ck, prompt_n + 2 * decode_n + 8, &k31_engine::layers::load_ffn, |_, _| {})?;
+    let model = Model::load(gpu.clone(), &ck, prompt_n + 3 * decode_n + 8, &k31_engine::layers::load_ffn, |_, _| {})?;
     println!("loaded {} in {:.1} s", dir, t.elapsed().as_secs_f64());
     let cfg = model.config.clone();
     let ids: Vec<u32> = (0..prompt_n as u32).map(|i| (i * 7919 + 13) % cfg.vocab_size as u32).collect();
