@@ -98,6 +98,335 @@ fn hdot(h: u32, c: u32, ka: vec4<f32>, kb: vec4<f32>) -> f32 {
     return dot(qs[i], ka) + dot(qs[i + 1u], kb);
 }
 
+// One position's key row (ID / 8 <= 16 units of 16 bytes; units past the row repeat its last
+// one and are not used): ONE page switch with every load of the row inside its arm, so the
+// loads go out together. A switch per load (key_vec) made each load wait for the one before.
+struct KeyRow {
+    u0: vec4<u32>,
+    u1: vec4<u32>,
+    u2: vec4<u32>,
+    u3: vec4<u32>,
+    u4: vec4<u32>,
+    u5: vec4<u32>,
+    u6: vec4<u32>,
+    u7: vec4<u32>,
+    u8: vec4<u32>,
+    u9: vec4<u32>,
+    u10: vec4<u32>,
+    u11: vec4<u32>,
+    u12: vec4<u32>,
+    u13: vec4<u32>,
+    u14: vec4<u32>,
+    u15: vec4<u32>,
+}
+
+fn key_row(page: u32, base: u32) -> KeyRow {
+    var r: KeyRow;
+    let last = ID / 8u - 1u;
+    switch page {
+        case 0u: {
+            r.u0 = k0[base];
+            r.u1 = k0[base + min(1u, last)];
+            r.u2 = k0[base + min(2u, last)];
+            r.u3 = k0[base + min(3u, last)];
+            r.u4 = k0[base + min(4u, last)];
+            r.u5 = k0[base + min(5u, last)];
+            r.u6 = k0[base + min(6u, last)];
+            r.u7 = k0[base + min(7u, last)];
+            r.u8 = k0[base + min(8u, last)];
+            r.u9 = k0[base + min(9u, last)];
+            r.u10 = k0[base + min(10u, last)];
+            r.u11 = k0[base + min(11u, last)];
+            r.u12 = k0[base + min(12u, last)];
+            r.u13 = k0[base + min(13u, last)];
+            r.u14 = k0[base + min(14u, last)];
+            r.u15 = k0[base + min(15u, last)];
+        }
+        case 1u: {
+            r.u0 = k1[base];
+            r.u1 = k1[base + min(1u, last)];
+            r.u2 = k1[base + min(2u, last)];
+            r.u3 = k1[base + min(3u, last)];
+            r.u4 = k1[base + min(4u, last)];
+            r.u5 = k1[base + min(5u, last)];
+            r.u6 = k1[base + min(6u, last)];
+            r.u7 = k1[base + min(7u, last)];
+            r.u8 = k1[base + min(8u, last)];
+            r.u9 = k1[base + min(9u, last)];
+            r.u10 = k1[base + min(10u, last)];
+            r.u11 = k1[base + min(11u, last)];
+            r.u12 = k1[base + min(12u, last)];
+            r.u13 = k1[base + min(13u, last)];
+            r.u14 = k1[base + min(14u, last)];
+            r.u15 = k1[base + min(15u, last)];
+        }
+        case 2u: {
+            r.u0 = k2[base];
+            r.u1 = k2[base + min(1u, last)];
+            r.u2 = k2[base + min(2u, last)];
+            r.u3 = k2[base + min(3u, last)];
+            r.u4 = k2[base + min(4u, last)];
+            r.u5 = k2[base + min(5u, last)];
+            r.u6 = k2[base + min(6u, last)];
+            r.u7 = k2[base + min(7u, last)];
+            r.u8 = k2[base + min(8u, last)];
+            r.u9 = k2[base + min(9u, last)];
+            r.u10 = k2[base + min(10u, last)];
+            r.u11 = k2[base + min(11u, last)];
+            r.u12 = k2[base + min(12u, last)];
+            r.u13 = k2[base + min(13u, last)];
+            r.u14 = k2[base + min(14u, last)];
+            r.u15 = k2[base + min(15u, last)];
+        }
+        case 3u: {
+            r.u0 = k3[base];
+            r.u1 = k3[base + min(1u, last)];
+            r.u2 = k3[base + min(2u, last)];
+            r.u3 = k3[base + min(3u, last)];
+            r.u4 = k3[base + min(4u, last)];
+            r.u5 = k3[base + min(5u, last)];
+            r.u6 = k3[base + min(6u, last)];
+            r.u7 = k3[base + min(7u, last)];
+            r.u8 = k3[base + min(8u, last)];
+            r.u9 = k3[base + min(9u, last)];
+            r.u10 = k3[base + min(10u, last)];
+            r.u11 = k3[base + min(11u, last)];
+            r.u12 = k3[base + min(12u, last)];
+            r.u13 = k3[base + min(13u, last)];
+            r.u14 = k3[base + min(14u, last)];
+            r.u15 = k3[base + min(15u, last)];
+        }
+        case 4u: {
+            r.u0 = k4[base];
+            r.u1 = k4[base + min(1u, last)];
+            r.u2 = k4[base + min(2u, last)];
+            r.u3 = k4[base + min(3u, last)];
+            r.u4 = k4[base + min(4u, last)];
+            r.u5 = k4[base + min(5u, last)];
+            r.u6 = k4[base + min(6u, last)];
+            r.u7 = k4[base + min(7u, last)];
+            r.u8 = k4[base + min(8u, last)];
+            r.u9 = k4[base + min(9u, last)];
+            r.u10 = k4[base + min(10u, last)];
+            r.u11 = k4[base + min(11u, last)];
+            r.u12 = k4[base + min(12u, last)];
+            r.u13 = k4[base + min(13u, last)];
+            r.u14 = k4[base + min(14u, last)];
+            r.u15 = k4[base + min(15u, last)];
+        }
+        case 5u: {
+            r.u0 = k5[base];
+            r.u1 = k5[base + min(1u, last)];
+            r.u2 = k5[base + min(2u, last)];
+            r.u3 = k5[base + min(3u, last)];
+            r.u4 = k5[base + min(4u, last)];
+            r.u5 = k5[base + min(5u, last)];
+            r.u6 = k5[base + min(6u, last)];
+            r.u7 = k5[base + min(7u, last)];
+            r.u8 = k5[base + min(8u, last)];
+            r.u9 = k5[base + min(9u, last)];
+            r.u10 = k5[base + min(10u, last)];
+            r.u11 = k5[base + min(11u, last)];
+            r.u12 = k5[base + min(12u, last)];
+            r.u13 = k5[base + min(13u, last)];
+            r.u14 = k5[base + min(14u, last)];
+            r.u15 = k5[base + min(15u, last)];
+        }
+        case 6u: {
+            r.u0 = k6[base];
+            r.u1 = k6[base + min(1u, last)];
+            r.u2 = k6[base + min(2u, last)];
+            r.u3 = k6[base + min(3u, last)];
+            r.u4 = k6[base + min(4u, last)];
+            r.u5 = k6[base + min(5u, last)];
+            r.u6 = k6[base + min(6u, last)];
+            r.u7 = k6[base + min(7u, last)];
+            r.u8 = k6[base + min(8u, last)];
+            r.u9 = k6[base + min(9u, last)];
+            r.u10 = k6[base + min(10u, last)];
+            r.u11 = k6[base + min(11u, last)];
+            r.u12 = k6[base + min(12u, last)];
+            r.u13 = k6[base + min(13u, last)];
+            r.u14 = k6[base + min(14u, last)];
+            r.u15 = k6[base + min(15u, last)];
+        }
+        case 7u: {
+            r.u0 = k7[base];
+            r.u1 = k7[base + min(1u, last)];
+            r.u2 = k7[base + min(2u, last)];
+            r.u3 = k7[base + min(3u, last)];
+            r.u4 = k7[base + min(4u, last)];
+            r.u5 = k7[base + min(5u, last)];
+            r.u6 = k7[base + min(6u, last)];
+            r.u7 = k7[base + min(7u, last)];
+            r.u8 = k7[base + min(8u, last)];
+            r.u9 = k7[base + min(9u, last)];
+            r.u10 = k7[base + min(10u, last)];
+            r.u11 = k7[base + min(11u, last)];
+            r.u12 = k7[base + min(12u, last)];
+            r.u13 = k7[base + min(13u, last)];
+            r.u14 = k7[base + min(14u, last)];
+            r.u15 = k7[base + min(15u, last)];
+        }
+        case 8u: {
+            r.u0 = k8[base];
+            r.u1 = k8[base + min(1u, last)];
+            r.u2 = k8[base + min(2u, last)];
+            r.u3 = k8[base + min(3u, last)];
+            r.u4 = k8[base + min(4u, last)];
+            r.u5 = k8[base + min(5u, last)];
+            r.u6 = k8[base + min(6u, last)];
+            r.u7 = k8[base + min(7u, last)];
+            r.u8 = k8[base + min(8u, last)];
+            r.u9 = k8[base + min(9u, last)];
+            r.u10 = k8[base + min(10u, last)];
+            r.u11 = k8[base + min(11u, last)];
+            r.u12 = k8[base + min(12u, last)];
+            r.u13 = k8[base + min(13u, last)];
+            r.u14 = k8[base + min(14u, last)];
+            r.u15 = k8[base + min(15u, last)];
+        }
+        case 9u: {
+            r.u0 = k9[base];
+            r.u1 = k9[base + min(1u, last)];
+            r.u2 = k9[base + min(2u, last)];
+            r.u3 = k9[base + min(3u, last)];
+            r.u4 = k9[base + min(4u, last)];
+            r.u5 = k9[base + min(5u, last)];
+            r.u6 = k9[base + min(6u, last)];
+            r.u7 = k9[base + min(7u, last)];
+            r.u8 = k9[base + min(8u, last)];
+            r.u9 = k9[base + min(9u, last)];
+            r.u10 = k9[base + min(10u, last)];
+            r.u11 = k9[base + min(11u, last)];
+            r.u12 = k9[base + min(12u, last)];
+            r.u13 = k9[base + min(13u, last)];
+            r.u14 = k9[base + min(14u, last)];
+            r.u15 = k9[base + min(15u, last)];
+        }
+        case 10u: {
+            r.u0 = k10[base];
+            r.u1 = k10[base + min(1u, last)];
+            r.u2 = k10[base + min(2u, last)];
+            r.u3 = k10[base + min(3u, last)];
+            r.u4 = k10[base + min(4u, last)];
+            r.u5 = k10[base + min(5u, last)];
+            r.u6 = k10[base + min(6u, last)];
+            r.u7 = k10[base + min(7u, last)];
+            r.u8 = k10[base + min(8u, last)];
+            r.u9 = k10[base + min(9u, last)];
+            r.u10 = k10[base + min(10u, last)];
+            r.u11 = k10[base + min(11u, last)];
+            r.u12 = k10[base + min(12u, last)];
+            r.u13 = k10[base + min(13u, last)];
+            r.u14 = k10[base + min(14u, last)];
+            r.u15 = k10[base + min(15u, last)];
+        }
+        case 11u: {
+            r.u0 = k11[base];
+            r.u1 = k11[base + min(1u, last)];
+            r.u2 = k11[base + min(2u, last)];
+            r.u3 = k11[base + min(3u, last)];
+            r.u4 = k11[base + min(4u, last)];
+            r.u5 = k11[base + min(5u, last)];
+            r.u6 = k11[base + min(6u, last)];
+            r.u7 = k11[base + min(7u, last)];
+            r.u8 = k11[base + min(8u, last)];
+            r.u9 = k11[base + min(9u, last)];
+            r.u10 = k11[base + min(10u, last)];
+            r.u11 = k11[base + min(11u, last)];
+            r.u12 = k11[base + min(12u, last)];
+            r.u13 = k11[base + min(13u, last)];
+            r.u14 = k11[base + min(14u, last)];
+            r.u15 = k11[base + min(15u, last)];
+        }
+        case 12u: {
+            r.u0 = k12[base];
+            r.u1 = k12[base + min(1u, last)];
+            r.u2 = k12[base + min(2u, last)];
+            r.u3 = k12[base + min(3u, last)];
+            r.u4 = k12[base + min(4u, last)];
+            r.u5 = k12[base + min(5u, last)];
+            r.u6 = k12[base + min(6u, last)];
+            r.u7 = k12[base + min(7u, last)];
+            r.u8 = k12[base + min(8u, last)];
+            r.u9 = k12[base + min(9u, last)];
+            r.u10 = k12[base + min(10u, last)];
+            r.u11 = k12[base + min(11u, last)];
+            r.u12 = k12[base + min(12u, last)];
+            r.u13 = k12[base + min(13u, last)];
+            r.u14 = k12[base + min(14u, last)];
+            r.u15 = k12[base + min(15u, last)];
+        }
+        case 13u: {
+            r.u0 = k13[base];
+            r.u1 = k13[base + min(1u, last)];
+            r.u2 = k13[base + min(2u, last)];
+            r.u3 = k13[base + min(3u, last)];
+            r.u4 = k13[base + min(4u, last)];
+            r.u5 = k13[base + min(5u, last)];
+            r.u6 = k13[base + min(6u, last)];
+            r.u7 = k13[base + min(7u, last)];
+            r.u8 = k13[base + min(8u, last)];
+            r.u9 = k13[base + min(9u, last)];
+            r.u10 = k13[base + min(10u, last)];
+            r.u11 = k13[base + min(11u, last)];
+            r.u12 = k13[base + min(12u, last)];
+            r.u13 = k13[base + min(13u, last)];
+            r.u14 = k13[base + min(14u, last)];
+            r.u15 = k13[base + min(15u, last)];
+        }
+        case 14u: {
+            r.u0 = k14[base];
+            r.u1 = k14[base + min(1u, last)];
+            r.u2 = k14[base + min(2u, last)];
+            r.u3 = k14[base + min(3u, last)];
+            r.u4 = k14[base + min(4u, last)];
+            r.u5 = k14[base + min(5u, last)];
+            r.u6 = k14[base + min(6u, last)];
+            r.u7 = k14[base + min(7u, last)];
+            r.u8 = k14[base + min(8u, last)];
+            r.u9 = k14[base + min(9u, last)];
+            r.u10 = k14[base + min(10u, last)];
+            r.u11 = k14[base + min(11u, last)];
+            r.u12 = k14[base + min(12u, last)];
+            r.u13 = k14[base + min(13u, last)];
+            r.u14 = k14[base + min(14u, last)];
+            r.u15 = k14[base + min(15u, last)];
+        }
+        default: {
+            r.u0 = k15[base];
+            r.u1 = k15[base + min(1u, last)];
+            r.u2 = k15[base + min(2u, last)];
+            r.u3 = k15[base + min(3u, last)];
+            r.u4 = k15[base + min(4u, last)];
+            r.u5 = k15[base + min(5u, last)];
+            r.u6 = k15[base + min(6u, last)];
+            r.u7 = k15[base + min(7u, last)];
+            r.u8 = k15[base + min(8u, last)];
+            r.u9 = k15[base + min(9u, last)];
+            r.u10 = k15[base + min(10u, last)];
+            r.u11 = k15[base + min(11u, last)];
+            r.u12 = k15[base + min(12u, last)];
+            r.u13 = k15[base + min(13u, last)];
+            r.u14 = k15[base + min(14u, last)];
+            r.u15 = k15[base + min(15u, last)];
+        }
+    }
+    return r;
+}
+
+// Adds unit c of a key row to the 8 head dots (h0..h0+7).
+fn add_unit(a: ptr<function, array<vec4<f32>, 2>>, h0: u32, c: u32, kw: vec4<u32>) {
+    if (c >= ID / 8u) {
+        return;
+    }
+    let ka = vec4<f32>(lo(kw.x), hi(kw.x), lo(kw.y), hi(kw.y));
+    let kb = vec4<f32>(lo(kw.z), hi(kw.z), lo(kw.w), hi(kw.w));
+    (*a)[0] += vec4<f32>(hdot(h0, c, ka, kb), hdot(h0 + 1u, c, ka, kb), hdot(h0 + 2u, c, ka, kb), hdot(h0 + 3u, c, ka, kb));
+    (*a)[1] += vec4<f32>(hdot(h0 + 4u, c, ka, kb), hdot(h0 + 5u, c, ka, kb), hdot(h0 + 6u, c, ka, kb), hdot(h0 + 7u, c, ka, kb));
+}
+
 @compute @workgroup_size(256)
 fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wg.y;
@@ -121,24 +450,31 @@ fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let g = lid / TILE;
     let pl = lid % TILE;
     let pos = wg.x * TILE + pl;
-    var score = 0.0;
-    if (pos < p.n_pos && pos <= p.q_pos0 + t) {
-        let at = locate(pos);
-        let base = at.y * (ID / 8u);
-        let h0 = g * 8u;
-        var a0 = vec4<f32>(0.0);
-        var a1 = vec4<f32>(0.0);
-        for (var c = 0u; c < ID / 8u; c++) {
-            let kw = key_vec(at.x, base + c);
-            let ka = vec4<f32>(lo(kw.x), hi(kw.x), lo(kw.y), hi(kw.y));
-            let kb = vec4<f32>(lo(kw.z), hi(kw.z), lo(kw.w), hi(kw.w));
-            a0 += vec4<f32>(hdot(h0, c, ka, kb), hdot(h0 + 1u, c, ka, kb), hdot(h0 + 2u, c, ka, kb), hdot(h0 + 3u, c, ka, kb));
-            a1 += vec4<f32>(hdot(h0 + 4u, c, ka, kb), hdot(h0 + 5u, c, ka, kb), hdot(h0 + 6u, c, ka, kb), hdot(h0 + 7u, c, ka, kb));
-        }
-        let w0 = vec4<f32>(ws[h0], ws[h0 + 1u], ws[h0 + 2u], ws[h0 + 3u]);
-        let w1 = vec4<f32>(ws[h0 + 4u], ws[h0 + 5u], ws[h0 + 6u], ws[h0 + 7u]);
-        score = dot(w0, max(a0, vec4<f32>(0.0))) + dot(w1, max(a1, vec4<f32>(0.0)));
-    }
+    // Every thread loads a row (a clamped position past the end; its score is dropped below).
+    let valid = pos < p.n_pos && pos <= p.q_pos0 + t;
+    let at = locate(min(pos, p.n_pos - 1u));
+    let k = key_row(at.x, at.y * (ID / 8u));
+    let h0 = g * 8u;
+    var a: array<vec4<f32>, 2>;
+    add_unit(&a, h0, 0u, k.u0);
+    add_unit(&a, h0, 1u, k.u1);
+    add_unit(&a, h0, 2u, k.u2);
+    add_unit(&a, h0, 3u, k.u3);
+    add_unit(&a, h0, 4u, k.u4);
+    add_unit(&a, h0, 5u, k.u5);
+    add_unit(&a, h0, 6u, k.u6);
+    add_unit(&a, h0, 7u, k.u7);
+    add_unit(&a, h0, 8u, k.u8);
+    add_unit(&a, h0, 9u, k.u9);
+    add_unit(&a, h0, 10u, k.u10);
+    add_unit(&a, h0, 11u, k.u11);
+    add_unit(&a, h0, 12u, k.u12);
+    add_unit(&a, h0, 13u, k.u13);
+    add_unit(&a, h0, 14u, k.u14);
+    add_unit(&a, h0, 15u, k.u15);
+    let w0 = vec4<f32>(ws[h0], ws[h0 + 1u], ws[h0 + 2u], ws[h0 + 3u]);
+    let w1 = vec4<f32>(ws[h0 + 4u], ws[h0 + 5u], ws[h0 + 6u], ws[h0 + 7u]);
+    let score = select(0.0, dot(w0, max(a[0], vec4<f32>(0.0))) + dot(w1, max(a[1], vec4<f32>(0.0))), valid);
     part[lid] = score;
     workgroupBarrier();
     if (g == 0u && pos < p.n_pos) {
