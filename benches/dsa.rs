@@ -192,9 +192,6 @@ fn main() -> anyhow::Result<()> {
             // Every indexer variant; the SIMT one last, so `scores` holds its output.
             let mut variants = vec![];
             if dsa::coop_indexer_available(&gpu, IH, ID) {
-                variants.push((IndexVariant::Coop2, "coop2 streaming (q hi+lo f16, exact range)"));
-                variants.push((IndexVariant::Coop2F16, "coop2 streaming (q f16 only)"));
-                variants.push((IndexVariant::Coop3, "coop3 streaming, 32 heads per subgroup"));
                 variants.push((IndexVariant::Coop, "coop (exact: q scaled, hi+lo by masking)"));
                 variants.push((IndexVariant::CoopF16, "coop (q f16, the original kernel)"));
             } else {
@@ -215,30 +212,6 @@ fn main() -> anyhow::Result<()> {
                     dsa::index_scores_kernel(&gpu, enc, dsa::INDEX_KEYS_PROBE, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
                 })?;
                 out.push((format!("indexer key reads only (diagnostic probe), S={s}"), t, key_bytes));
-            }
-            // Grid of the streaming coop indexer (workgroups of 2 subgroups per query).
-            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from {
-                let tmp = gpu.storage("scores grid", (s * 4) as u64);
-                for (v, name) in [(IndexVariant::Coop2, "coop2"), (IndexVariant::Coop3, "coop3")] {
-                    for groups in [132, 528, 1056] {
-                        let prev = dsa::set_index_coop2_groups(groups);
-                        let t = time_gpu(&gpu, wu, reps, |enc, prof| {
-                            dsa::index_scores_variant(&gpu, enc, v, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
-                        })?;
-                        dsa::set_index_coop2_groups(prev);
-                        out.push((format!("indexer {name} streaming, {groups} workgroups, S={s}"), t, key_bytes));
-                    }
-                }
-                // Diagnostics (wrong scores): what the streaming kernel costs without its products,
-                // and without the fallback code.
-                for (kernel, label) in [
-                    (dsa::INDEX_SCORES_COOP2_NOMMA, "coop2 without products (diagnostic)"),
-                    (dsa::INDEX_SCORES_COOP2_NOFALLBACK, "coop2 without f32 fallback (diagnostic)"),
-                    (dsa::INDEX_SCORES_COOP2_PER_LOAD_PAGE, "coop2, page switch per load"),
-                ] {
-                    let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_kernel(&gpu, enc, kernel, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof))?;
-                    out.push((format!("indexer {label}, S={s}"), t, key_bytes));
-                }
             }
             if dsa::coop_indexer_available(&gpu, IH, ID) && s <= 32768 {
                 indexer_checks(&gpu, s)?;
@@ -265,16 +238,6 @@ fn main() -> anyhow::Result<()> {
                 })?;
                 out.push((format!("indexer SIMT f32, one page, S={s}"), t, key_bytes));
                 report_check(format!("indexer one page == paged, S={s}"), compare_scores(&gpu, &scores, &tmp, s, None, 0)?);
-                if dsa::coop_indexer_available(&gpu, IH, ID) {
-                    for (kernel, label) in [
-                        (dsa::INDEX_SCORES_COOP2, "coop2 streaming, one page"),
-                        (dsa::INDEX_SCORES_COOP2_ONEPAGE, "coop2 streaming, one page, no page switch"),
-                    ] {
-                        let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_kernel(&gpu, enc, kernel, &one, IH, &q, &w, &tmp, 1, s - 1, s, s, prof))?;
-                        out.push((format!("indexer {label}, S={s}"), t, key_bytes));
-                        report_check(format!("indexer {label} vs SIMT, S={s}"), compare_scores(&gpu, &scores, &tmp, s, None, 0)?);
-                    }
-                }
             }
             drop(keys);
             let scratch = TopkScratch::new(&gpu, 1, s, k)?;
@@ -471,7 +434,7 @@ fn indexer_checks(gpu: &Gpu, s: usize) -> anyhow::Result<()> {
         keys.upload(gpu, keys_v)?;
         // Prefill: queries at s/2 .. s/2 + 7 over all s positions (the rest masked).
         let a = scores_of(gpu, IndexVariant::Simt, &keys, qx, wx, t, s / 2, s)?;
-        for (v, name) in [(IndexVariant::Coop2, "coop2"), (IndexVariant::Coop2F16, "coop2 q f16"), (IndexVariant::Coop3, "coop3"), (IndexVariant::Coop, "coop")] {
+        for (v, name) in [(IndexVariant::Coop, "coop"), (IndexVariant::CoopF16, "coop q f16")] {
             let b = scores_of(gpu, v, &keys, qx, wx, t, s / 2, s)?;
             report_check(format!("indexer {name} vs SIMT: prefill 8 queries, {label}, S={s}"), diff_text(&a, &b, t, s / 2));
         }

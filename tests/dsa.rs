@@ -152,8 +152,6 @@ fn indexer_k31_shape_every_variant_matches_reference() {
     let (ih, id, t) = (32, 128, 3);
     let mut variants = vec![dsa::IndexVariant::Simt, dsa::IndexVariant::Auto];
     if dsa::coop_indexer_available(&g, ih, id) {
-        variants.push(dsa::IndexVariant::Coop2);
-        variants.push(dsa::IndexVariant::Coop3);
         variants.push(dsa::IndexVariant::Coop);
     }
     for &(n_pos, page0, q_pos0) in &[(1337usize, 16usize, 700usize), (2113, 1024, 2110), (97, 8, 0)] {

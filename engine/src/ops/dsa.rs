@@ -52,9 +52,10 @@ pub const INDEX_KEYS_PROBE: Kernel =
 pub const INDEX_SCORES_4X32: Kernel =
     Kernel::new("index_scores_4x32", "indexer", "index_scores").with_constants(&[("IH", 4.0), ("ID", 32.0)]);
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q scaled per head and split into two f16
-/// parts by masking, keys scaled into the exact f16 range (f32 recomputation beyond it): the
-/// precision scheme the H200 measured at f32 agreement in [`INDEX_SCORES_COOP2`], in the layout
-/// that measured fastest (8 subgroups, 64-position tiles). Opt-in, see [`IndexVariant`].
+/// parts by masking, keys scaled into the exact f16 range (f32 recomputation beyond it): within
+/// ~6e-7 of the f32 kernel on the H200, in the layout that measured fastest (8 subgroups,
+/// 64-position tiles; a streaming 2-subgroup form was slower and was removed). Opt-in, see
+/// [`IndexVariant`].
 pub const INDEX_SCORES_COOP: Kernel =
     Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 1.0)]).coopmat().subgroups();
 /// The original kernel, q rounded to f16 (~4e-4 of the largest score; moved 1-2 of 2048
@@ -64,28 +65,6 @@ pub const INDEX_SCORES_COOP_F16: Kernel = Kernel::new("index_scores_coop_f16", "
     .with_constants(&[("QSPLIT", 0.0), ("EXACT", 0.0)])
     .coopmat()
     .subgroups();
-/// The K3.1 indexer on cooperative matrices, streaming form (dsa_index_coop2.wgsl): 2 subgroups
-/// per workgroup, q per head scaled and split hi + lo, keys scaled into the exact f16 range (out
-/// of range positions recomputed in f32), so its scores are the f32 kernel's up to rounding.
-pub const INDEX_SCORES_COOP2: Kernel =
-    Kernel::new("index_scores_coop2", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("QSPLIT", 1.0)]).coopmat().subgroups();
-/// Same with q rounded to f16 (no lo part): half the tensor-core work, for timing only.
-pub const INDEX_SCORES_COOP2_F16: Kernel =
-    Kernel::new("index_scores_coop2_f16", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("QSPLIT", 0.0)]).coopmat().subgroups();
-/// [`INDEX_SCORES_COOP2`] with all 32 heads per subgroup (each key fragment feeds 4 products).
-pub const INDEX_SCORES_COOP3: Kernel =
-    Kernel::new("index_scores_coop3", "dsa_index_coop2", "index_scores_coop3").with_constants(&[("QSPLIT", 1.0)]).coopmat().subgroups();
-/// Bench diagnostics of the streaming coop kernel (wrong scores): without the products, and
-/// without the f32 fallback for out-of-range keys.
-pub const INDEX_SCORES_COOP2_NOMMA: Kernel =
-    Kernel::new("index_scores_coop2_nomma", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("NOMMA", 1.0)]).coopmat().subgroups();
-/// Reads page 0 only, without the page switch: valid for a single-page cache only.
-pub const INDEX_SCORES_COOP2_ONEPAGE: Kernel =
-    Kernel::new("index_scores_coop2_onepage", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("ONE_PAGE", 1.0)]).coopmat().subgroups();
-pub const INDEX_SCORES_COOP2_PER_LOAD_PAGE: Kernel =
-    Kernel::new("index_scores_coop2_per_load_page", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("PER_LOAD_PAGE", 1.0)]).coopmat().subgroups();
-pub const INDEX_SCORES_COOP2_NOFALLBACK: Kernel =
-    Kernel::new("index_scores_coop2_nofallback", "dsa_index_coop2", "index_scores_coop2").with_constants(&[("FALLBACK", 0.0)]).coopmat().subgroups();
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
 pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
 pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
@@ -108,13 +87,6 @@ pub const KERNELS: &[Kernel] = &[
     INDEX_KEYS_PROBE,
     INDEX_SCORES_COOP,
     INDEX_SCORES_COOP_F16,
-    INDEX_SCORES_COOP2,
-    INDEX_SCORES_COOP2_F16,
-    INDEX_SCORES_COOP3,
-    INDEX_SCORES_COOP2_NOMMA,
-    INDEX_SCORES_COOP2_NOFALLBACK,
-    INDEX_SCORES_COOP2_ONEPAGE,
-    INDEX_SCORES_COOP2_PER_LOAD_PAGE,
     TOPK_HIST,
     TOPK_HIST2,
     TOPK_HIST3,
@@ -421,10 +393,9 @@ impl PagedRows {
 /// Which indexer kernel runs (the benches and tests pick one; the layer uses `Auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexVariant {
-    /// SIMT, the fastest f32-exact kernel measured on the H200 (2026-11-29: 95 us at 128K, 730
-    /// us at 1M; the exact streaming coop kernels 124 / 965 us). `K31_DSA_COOP=1` picks
-    /// [`IndexVariant::Coop`] where [`coop_indexer_available`] (exact scheme, not yet timed in
-    /// this form; its inexact predecessor took 86 / 645 us).
+    /// SIMT (2026-11-29 on the H200: 95 us at 128K, 730 us at 1M). `K31_DSA_COOP=1` picks
+    /// [`IndexVariant::Coop`] where [`coop_indexer_available`] (exact scheme: 91 / 670 us; a
+    /// streaming coop form measured 124 / 965 us and was removed).
     Auto,
     /// f32 SIMT (indexer.wgsl): every adapter, every supported shape.
     Simt,
@@ -433,13 +404,6 @@ pub enum IndexVariant {
     Coop,
     /// The original coop kernel, q rounded to f16 (timing only: not f32-exact).
     CoopF16,
-    /// Cooperative matrices, streaming form (dsa_index_coop2.wgsl): q scaled per head and split
-    /// hi + lo, keys in the exact f16 range or recomputed in f32.
-    Coop2,
-    /// [`IndexVariant::Coop2`] with q rounded to f16 (timing only: not f32-exact).
-    Coop2F16,
-    /// [`IndexVariant::Coop2`] with all 32 heads per subgroup.
-    Coop3,
 }
 
 /// Workgroups of the coop indexer per query (grid-strided over the tiles of 64 positions);
@@ -449,15 +413,6 @@ static INDEX_COOP_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::At
 /// Sets the coop indexer's workgroups per query (at least 1); returns the previous value.
 pub fn set_index_coop_groups(n: usize) -> usize {
     INDEX_COOP_GROUPS.swap(n.max(1), std::sync::atomic::Ordering::Relaxed)
-}
-
-/// Workgroups per query of the streaming coop indexer (2 subgroups each, grid-strided over steps
-/// of 32 positions); [`set_index_coop2_groups`] changes it (benchmarks).
-static INDEX_COOP2_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(264);
-
-/// Sets the streaming coop indexer's workgroups per query (at least 1); returns the previous value.
-pub fn set_index_coop2_groups(n: usize) -> usize {
-    INDEX_COOP2_GROUPS.swap(n.max(1), std::sync::atomic::Ordering::Relaxed)
 }
 
 /// The coop indexer exists for 32 heads x 128 only and assumes 32-wide subgroups (8 per workgroup).
@@ -513,16 +468,13 @@ pub fn index_scores_variant(
     let kernel = match variant {
         IndexVariant::Auto if coop_ok && std::env::var("K31_DSA_COOP").is_ok_and(|v| v == "1") => INDEX_SCORES_COOP,
         IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
-        IndexVariant::Coop | IndexVariant::CoopF16 | IndexVariant::Coop2 | IndexVariant::Coop2F16 | IndexVariant::Coop3 if !coop_ok => {
+        IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
             return Err(shape_err(format!(
                 "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128)"
             )))
         }
         IndexVariant::Coop => INDEX_SCORES_COOP,
         IndexVariant::CoopF16 => INDEX_SCORES_COOP_F16,
-        IndexVariant::Coop2 => INDEX_SCORES_COOP2,
-        IndexVariant::Coop2F16 => INDEX_SCORES_COOP2_F16,
-        IndexVariant::Coop3 => INDEX_SCORES_COOP3,
     };
     index_scores_kernel(gpu, enc, kernel, keys, heads, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
 }
@@ -568,10 +520,7 @@ pub fn index_scores_kernel(
     let slots = keys.slots();
     let mut entries = vec![(1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
-    let groups = if kernel.shader == "dsa_index_coop2" {
-        let cap = INDEX_COOP2_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
-        [n_pos.div_ceil(32).clamp(1, cap) as u32, n_queries as u32, 1]
-    } else if kernel.needs_coopmat {
+    let groups = if kernel.needs_coopmat {
         let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
         [n_pos.div_ceil(64).clamp(1, cap) as u32, n_queries as u32, 1]
     } else {
