@@ -4,7 +4,7 @@
 //   mla_attend_grouped  as mla_attend for 8 heads per workgroup (each row staged once per 8 heads)
 //   mla_attend   per (t, h, split): online softmax of qa[t,h] . row_s over its share of the
 //                selected rows (or all s <= q_pos0 + t when dense), partial (m, l, sum p*c[0..R])
-//   mla_merge    per (t, h): merge the splits into obar (over split 0's partial) and lse
+//   mla_merge    per (t, h, 128 columns): merge the splits into obar (over split 0's partial), lse
 //   mla_out      per (t, W_UV row): o = W_UV,h obar, optional sigmoid gate
 //   mla_logits   dense logits qa[t,h] . row_s for diagnostics, -inf beyond the causal limit
 // Preconditions (host): q [T, q_stride] f32 with head h at h*(Dn+E) (nope then pe); kv_b_proj
@@ -510,15 +510,17 @@ fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invoc
 @group(0) @binding(23) var<storage, read_write> o: array<f32>;
 @group(0) @binding(24) var<storage, read_write> lse: array<f32>;
 
-// mla_merge: grid (H, T). Merges the splits of (t, h) into obar (the softmax-weighted mean
-// of the latent rows), written over split 0's partial, and the log-sum-exp.
+// mla_merge: grid (ceil(R / 128), H, T). Merges the splits of (t, h) into obar (the softmax-
+// weighted mean of the latent rows), written over split 0's partial, and the log-sum-exp.
+// Thread (word u of 64, split group g of 4) adds splits g, g + 4, ... of its two columns
+// (independent loads), then the four groups meet in workgroup memory.
 var<workgroup> ms: array<f32, 32>;
 var<workgroup> ls: array<f32, 32>;
 
 @compute @workgroup_size(256)
 fn mla_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wg.x;
-    let t = wg.y;
+    let h = wg.y;
+    let t = wg.z;
     let stride = p.latent + 2u;
     let base = (t * p.n_heads + h) * p.splits * stride;
     let ninf = bitcast<f32>(0xff800000u);
@@ -538,28 +540,25 @@ fn mla_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     }
     let inv = select(0.0, 1.0 / total, total > 0.0);
     let words = p.latent / 2u;
-    let w = min(lid, words - 1u);
+    let u = lid % 64u;
+    let g = lid / 64u;
+    let w = min(wg.x * 64u + u, words - 1u);
     var acc = vec2<f32>(0.0);
-    for (var s0 = 0u; s0 < p.splits; s0 += 8u) {
-        var v: array<vec2<f32>, 8>;
-        for (var j = 0u; j < 8u; j++) {
-            let s = min(s0 + j, p.splits - 1u);
-            let at = base + s * stride + 2u + 2u * w;
-            v[j] = vec2<f32>(part[at], part[at + 1u]);
-        }
-        for (var j = 0u; j < 8u; j++) {
-            let s = s0 + j;
-            let e = select(0.0, exp(ms[min(s, 31u)] - mx), s < p.splits && ms[min(s, 31u)] > ninf);
-            acc += e * v[j];
-        }
+    for (var k = 0u; k < 8u; k++) {
+        let s = g + 4u * k;
+        let at = base + min(s, p.splits - 1u) * stride + 2u + 2u * w;
+        let v = vec2<f32>(part[at], part[at + 1u]);
+        let m = ms[min(s, 31u)];
+        acc += select(vec2<f32>(0.0), exp(m - mx) * v, s < p.splits && m > ninf);
     }
+    part2[lid] = acc;
     workgroupBarrier();
-    storageBarrier();
-    if (lid < words) {
-        part[base + 2u + 2u * lid] = acc.x * inv;
-        part[base + 3u + 2u * lid] = acc.y * inv;
+    if (g == 0u && wg.x * 64u + u < words) {
+        let sum = (part2[u] + part2[u + 64u]) + (part2[u + 128u] + part2[u + 192u]);
+        part[base + 2u + 2u * w] = sum.x * inv;
+        part[base + 3u + 2u * w] = sum.y * inv;
     }
-    if (lid == 0u) {
+    if (wg.x == 0u && lid == 0u) {
         lse[t * p.n_heads + h] = mx + log(total);
     }
 }

@@ -872,7 +872,8 @@ pub fn mla_attention_variant(
     let groups = [splits as u32, head_groups as u32, n_queries as u32];
     check_groups(gpu, "mla_attend", groups)?;
     gpu.dispatch_grid(enc, &kernel, &params, &entries, groups, profiler.as_deref_mut())?;
-    let merge_groups = [dims.heads as u32, n_queries as u32, 1];
+    let merge_groups = [dims.latent.div_ceil(128) as u32, dims.heads as u32, n_queries as u32];
+    check_groups(gpu, "mla_merge", merge_groups)?;
     gpu.dispatch_grid(enc, &MLA_MERGE, &params, &[(5, part), (24, lse)], merge_groups, profiler.as_deref_mut())?;
     let entries = [(2, wkv), (5, part), (22, gate.unwrap_or(dummy)), (23, o)];
     let groups = [(dims.heads * dims.v_dim).div_ceil(8) as u32, n_queries as u32, 1];
