@@ -173,6 +173,19 @@ var<workgroup> rbase: array<u32, BLOCK>;
 
 const NONE: u32 = 0xffffffffu;
 
+// Position of selection entry idx of query t (every position when dense); NONE past r1 or
+// for a -1 padding entry.
+fn selected_pos(t: u32, idx: u32, r1: u32) -> u32 {
+    if (idx >= r1) {
+        return NONE;
+    }
+    if (p.dense != 0u) {
+        return idx;
+    }
+    let s = sel[t * p.k + idx];
+    return select(NONE, u32(s), s >= 0);
+}
+
 fn n_selected(t: u32) -> u32 {
     let n_valid = p.q_pos0 + t + 1u;
     return select(min(p.k, n_valid), n_valid, p.dense != 0u);
@@ -201,16 +214,7 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     var acc: array<f32, 2>;
     for (var b = r0; b < r1; b += BLOCK) {
         if (lid < BLOCK) {
-            let idx = b + lid;
-            var pos = NONE;
-            if (idx < r1) {
-                if (p.dense != 0u) {
-                    pos = idx;
-                } else {
-                    let s = sel[t * p.k + idx];
-                    pos = select(NONE, u32(s), s >= 0);
-                }
-            }
+            let pos = selected_pos(t, b + lid, r1);
             if (pos == NONE) {
                 rpage[lid] = NONE;
                 rbase[lid] = 0u;
@@ -309,16 +313,7 @@ var<workgroup> rbs: array<u32, 32>;            // [2 slots][BLOCK] first unit of
 
 // Selection entry idx (< r1) of query t as (page, first unit) in slot `slot`, row lid.
 fn row_at(slot: u32, b: u32, r1: u32, t: u32, units: u32, lid: u32) {
-    let idx = b + lid;
-    var pos = NONE;
-    if (idx < r1) {
-        if (p.dense != 0u) {
-            pos = idx;
-        } else {
-            let s = sel[t * p.k + idx];
-            pos = select(NONE, u32(s), s >= 0);
-        }
-    }
+    let pos = selected_pos(t, b + lid, r1);
     if (pos == NONE) {
         rpg[slot * BLOCK + lid] = NONE;
         rbs[slot * BLOCK + lid] = 0u;

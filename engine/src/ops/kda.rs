@@ -476,25 +476,30 @@ pub fn decode_with(
     o: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    check_inputs(geom, 1, inp, ring)?;
     check_variant(gpu, geom, variant)?;
-    let k = geom.head_dim;
-    need(state, geom.heads * k * k, "state [H, K, V]")?;
-    need(o, geom.proj(), "o [H, V]")?;
-    let bufs = [
-        (1, inp.qkv),
-        (2, inp.f),
-        (3, inp.b),
-        (4, inp.conv_w),
-        (5, inp.a_log),
-        (6, inp.dt_bias),
-        (7, ring),
-        (8, state),
-        (9, o),
-    ];
+    let bufs = decode_bindings(geom, inp, ring, state, o)?;
     let (kernel, cols) = variant.kernel();
     // The per-forward uniform arena and bind-group cache: decode records this every token.
-    gpu.dispatch(enc, kernel, &geom.params(1, pos), &bufs, ((geom.heads * k.div_ceil(cols)) as u32, 1), profiler)
+    gpu.dispatch(enc, kernel, &geom.params(1, pos), &bufs, (decode_groups(geom, cols), 1), profiler)
+}
+
+/// The decode kernel's storage bindings (1-9) for one step, after checking their sizes.
+fn decode_bindings<'a>(
+    geom: &KdaGeom,
+    inp: &KdaInputs<'a>,
+    ring: &'a wgpu::Buffer,
+    state: &'a wgpu::Buffer,
+    o: &'a wgpu::Buffer,
+) -> Result<[(u32, &'a wgpu::Buffer); 9], GpuError> {
+    check_inputs(geom, 1, inp, ring)?;
+    need(state, geom.heads * geom.head_dim * geom.head_dim, "state [H, K, V]")?;
+    need(o, geom.proj(), "o [H, V]")?;
+    Ok([(1, inp.qkv), (2, inp.f), (3, inp.b), (4, inp.conv_w), (5, inp.a_log), (6, inp.dt_bias), (7, ring), (8, state), (9, o)])
+}
+
+/// Workgroups of one decode dispatch: every head's value columns in tiles of `cols`.
+fn decode_groups(geom: &KdaGeom, cols: usize) -> u32 {
+    (geom.heads * geom.head_dim.div_ceil(cols)) as u32
 }
 
 fn check_variant(gpu: &Gpu, geom: &KdaGeom, variant: DecodeVariant) -> Result<(), GpuError> {
@@ -524,37 +529,24 @@ pub fn decode_one_pass(
     steps: &[DecodeStep],
     timestamp_writes: Option<wgpu::ComputePassTimestampWrites>,
 ) -> Result<(), GpuError> {
-    let k = geom.head_dim;
     check_variant(gpu, geom, variant)?;
     let (kernel, cols) = variant.kernel();
     let pipeline = gpu.pipelines.get(gpu, kernel)?;
     let mut binds = Vec::with_capacity(steps.len());
     for st in steps {
-        check_inputs(geom, 1, &st.inp, st.ring)?;
-        need(st.state, geom.heads * k * k, "state [H, K, V]")?;
-        need(st.o, geom.proj(), "o [H, V]")?;
+        let bufs = decode_bindings(geom, &st.inp, st.ring, st.state, st.o)?;
         let uniform = gpu.uniform("kda params", &geom.params(1, st.pos));
-        let bufs = [
-            (0, &uniform),
-            (1, st.inp.qkv),
-            (2, st.inp.f),
-            (3, st.inp.b),
-            (4, st.inp.conv_w),
-            (5, st.inp.a_log),
-            (6, st.inp.dt_bias),
-            (7, st.ring),
-            (8, st.state),
-            (9, st.o),
-        ];
-        let e: Vec<wgpu::BindGroupEntry> =
-            bufs.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
+        let e: Vec<wgpu::BindGroupEntry> = std::iter::once((0, &uniform))
+            .chain(bufs)
+            .map(|(b, buf)| wgpu::BindGroupEntry { binding: b, resource: buf.as_entire_binding() })
+            .collect();
         binds.push(gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some("kda_decode"),
             layout: &pipeline.get_bind_group_layout(0),
             entries: &e,
         }));
     }
-    let (gx, gy) = gpu.grid((geom.heads * k.div_ceil(cols)) as u32);
+    let (gx, gy) = gpu.grid(decode_groups(geom, cols));
     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kda_decode x layers"), timestamp_writes });
     pass.set_pipeline(&pipeline);
     for b in &binds {
