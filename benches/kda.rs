@@ -20,7 +20,7 @@
 //! Run: `cargo bench --bench kda -- [--quick] [--decode-only] [--json FILE]`
 //! (`--decode-only`: the decode section and its targets only).
 
-use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
+use k31_engine::bench::{copy_bandwidth, time_gpu, Row, Stamps};
 use k31_engine::config::KdaGate;
 use k31_engine::gpu::{Gpu, GpuError, Profiler};
 use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeStep, DecodeVariant, KdaGeom, KdaInputs, Prepped};
@@ -34,38 +34,20 @@ fn time_one_pass(
     reps: usize,
     mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<wgpu::ComputePassTimestampWrites>) -> Result<(), GpuError>,
 ) -> Result<f64, GpuError> {
-    let qs = gpu.caps.timestamps.then(|| {
-        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("one pass"), ty: wgpu::QueryType::Timestamp, count: 2 });
-        let buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("one pass resolve"),
-            size: 16,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        (set, buf)
-    });
-    let period = gpu.queue.get_timestamp_period() as f64;
+    let stamps = Stamps::new(gpu);
     let mut samples = Vec::new();
     for i in 0..reps + 3 {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         let start = std::time::Instant::now();
-        let ts = qs.as_ref().map(|(set, _)| wgpu::ComputePassTimestampWrites {
-            query_set: set,
-            beginning_of_pass_write_index: Some(0),
-            end_of_pass_write_index: Some(1),
-        });
-        record(&mut enc, ts)?;
-        if let Some((set, buf)) = &qs {
-            enc.resolve_query_set(set, 0..2, buf, 0);
+        record(&mut enc, stamps.as_ref().map(|st| st.writes(Some(0), Some(1))))?;
+        if let Some(st) = &stamps {
+            st.resolve(&mut enc);
         }
         gpu.queue.submit([enc.finish()]);
         gpu.wait()?;
         let wall = start.elapsed().as_secs_f64();
-        let t = match &qs {
-            Some((_, buf)) => {
-                let raw: Vec<u64> = gpu.read(buf, 2)?;
-                raw[1].saturating_sub(raw[0]) as f64 * period * 1e-9
-            }
+        let t = match &stamps {
+            Some(st) => st.seconds(gpu)?,
             None => wall,
         };
         if i >= 3 {

@@ -109,14 +109,18 @@ fn main() -> anyhow::Result<()> {
     let prefill_s = t.elapsed().as_secs_f64();
     println!("prefill {prompt_n} tokens: {:.3} s = {:.1} tokens/s", prefill_s, prompt_n as f64 / prefill_s);
 
+    // `n` greedy decode steps from `next`, all but the first timed by `prof`; returns the next token.
+    let profiled_decode = |s: &mut k31_engine::session::Session, mut next: u32, n: usize, prof: &mut Profiler| -> anyhow::Result<u32> {
+        for i in 0..n {
+            let profiler = if i > 0 { Some(&mut *prof) } else { None };
+            let out = model.forward(s, &[next], LogitsFor::Last, &mut Hooks { profiler, ..Default::default() })?;
+            next = k31_engine::sample::argmax(&out.logits).unwrap_or(0);
+        }
+        Ok(next)
+    };
     // Decode with per-layer GPU time.
     let mut prof = Profiler::new(&gpu, 2048);
-    let mut next = 1u32;
-    for i in 0..decode_n {
-        let profiler = if i > 0 { Some(&mut prof) } else { None };
-        let out = model.forward(&mut s, &[next], LogitsFor::Last, &mut Hooks { profiler, ..Default::default() })?;
-        next = k31_engine::sample::argmax(&out.logits).unwrap_or(0);
-    }
+    let mut next = profiled_decode(&mut s, 1, decode_n, &mut prof)?;
     let steps = (decode_n - 1).max(1) as f64;
     // Wall clock without the profiler (its timestamps serialise every pass).
     let mut wall = Vec::new();
@@ -135,11 +139,7 @@ fn main() -> anyhow::Result<()> {
     // GPU time per layer part without per-pass stamps (each adds a few us): marks at the
     // scope boundaries only.
     let mut spans = Profiler::spans(&gpu, 1024);
-    for i in 0..decode_n {
-        let profiler = if i > 0 { Some(&mut spans) } else { None };
-        let out = model.forward(&mut s, &[next], LogitsFor::Last, &mut Hooks { profiler, ..Default::default() })?;
-        next = k31_engine::sample::argmax(&out.logits).unwrap_or(0);
-    }
+    profiled_decode(&mut s, next, decode_n, &mut spans)?;
     let per_scope = prof.report_by(|l| l.split('/').next().unwrap_or(l).to_string());
     let (total, rows) = extrapolate(&cfg, copy, &per_scope, steps)?;
     // Where each layer kind spends it: kernels per kind (summed over the layers of the kind).

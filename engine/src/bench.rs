@@ -43,6 +43,46 @@ pub fn time_gpu(
     Ok(samples[samples.len() / 2])
 }
 
+/// Two GPU timestamps (query indices 0 and 1) and their readback: the GPU time between a
+/// pass's stamp and a later one's, for benchmarks that time a span rather than every pass.
+pub struct Stamps {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    period_ns: f64,
+}
+
+impl Stamps {
+    /// None where the adapter has no timestamp queries.
+    pub fn new(gpu: &Gpu) -> Option<Stamps> {
+        gpu.caps.timestamps.then(|| Stamps {
+            set: gpu.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("span stamps"), ty: wgpu::QueryType::Timestamp, count: 2 }),
+            resolve: gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("span stamps resolve"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            period_ns: gpu.queue.get_timestamp_period() as f64,
+        })
+    }
+
+    /// Timestamp writes for a pass: stamp 0 and/or stamp 1 at its beginning / end.
+    pub fn writes(&self, beginning: Option<u32>, end: Option<u32>) -> wgpu::ComputePassTimestampWrites<'_> {
+        wgpu::ComputePassTimestampWrites { query_set: &self.set, beginning_of_pass_write_index: beginning, end_of_pass_write_index: end }
+    }
+
+    /// Records the copy of both stamps for [`Stamps::seconds`] (after the passes that write them).
+    pub fn resolve(&self, enc: &mut wgpu::CommandEncoder) {
+        enc.resolve_query_set(&self.set, 0..2, &self.resolve, 0);
+    }
+
+    /// Seconds from stamp 0 to stamp 1 (after the resolving submission has finished).
+    pub fn seconds(&self, gpu: &Gpu) -> Result<f64, GpuError> {
+        let raw: Vec<u64> = gpu.read(&self.resolve, 2)?;
+        Ok(raw[1].saturating_sub(raw[0]) as f64 * self.period_ns * 1e-9)
+    }
+}
+
 /// Median GPU time in seconds of ONE of `inner` back-to-back repetitions that `record(enc, i)`
 /// records (no per-pass timestamps: an empty pass before and after carries the two), over
 /// `reps` submissions after `warmup`: the steady-state cost of a kernel inside a model's
@@ -56,41 +96,26 @@ pub fn time_back_to_back(
     mut record: impl FnMut(&mut wgpu::CommandEncoder, usize) -> Result<(), GpuError>,
 ) -> Result<f64, GpuError> {
     let inner = inner.max(1);
-    let queries = gpu.caps.timestamps.then(|| {
-        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("back to back"), ty: wgpu::QueryType::Timestamp, count: 2 });
-        let buf = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("back to back resolve"),
-            size: 16,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        (set, buf)
-    });
-    let period = gpu.queue.get_timestamp_period() as f64;
+    let stamps = Stamps::new(gpu);
     let mut samples = Vec::with_capacity(reps);
     for rep in 0..warmup + reps {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         let start = std::time::Instant::now();
-        if let Some((set, _)) = &queries {
-            let ts = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: None, end_of_pass_write_index: Some(0) };
-            drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span start"), timestamp_writes: Some(ts) }));
+        if let Some(st) = &stamps {
+            drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span start"), timestamp_writes: Some(st.writes(None, Some(0))) }));
         }
         for i in 0..inner {
             record(&mut enc, i)?;
         }
-        if let Some((set, buf)) = &queries {
-            let ts = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(1), end_of_pass_write_index: None };
-            drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span end"), timestamp_writes: Some(ts) }));
-            enc.resolve_query_set(set, 0..2, buf, 0);
+        if let Some(st) = &stamps {
+            drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span end"), timestamp_writes: Some(st.writes(Some(1), None)) }));
+            st.resolve(&mut enc);
         }
         gpu.queue.submit([enc.finish()]);
         gpu.wait()?;
         let wall = start.elapsed().as_secs_f64();
-        let t = match &queries {
-            Some((_, buf)) => {
-                let raw: Vec<u64> = gpu.read(buf, 2)?;
-                raw[1].saturating_sub(raw[0]) as f64 * period * 1e-9
-            }
+        let t = match &stamps {
+            Some(st) => st.seconds(gpu)?,
             None => wall,
         };
         if rep >= warmup {
