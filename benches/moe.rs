@@ -89,7 +89,7 @@ fn main() -> anyhow::Result<()> {
         // Every variant's output against the first one's (same inputs): a kernel experiment
         // that is fast but wrong shows up here.
         let mut first: Option<(&str, Vec<f32>)> = None;
-        for kern in moe::DECODE_VARIANTS.iter().filter(|v| moe::decode_supported(&gpu, v)) {
+        for kern in moe::DECODE_VARIANTS.iter().filter(|v| moe::decode_supported(&gpu, &store.layout, v)) {
             let name = kern.name;
             let t = time_gpu(&gpu, 5, 30, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, Some(*kern), &z, &idx, &wts, &h, &y, prof))?;
             let got: Vec<f32> = gpu.read(&y, n_in)?;

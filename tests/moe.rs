@@ -241,7 +241,7 @@ fn experts_match_reference_at_awkward_shapes() {
         let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
         // Every decode variant the adapter runs (the bf16 store ignores the choice), and the default.
         let variants: Vec<Option<moe::DecodeKernels>> =
-            std::iter::once(None).chain(moe::DECODE_VARIANTS.iter().filter(|v| moe::decode_supported(&gpu, v)).map(|v| Some(*v))).collect();
+            std::iter::once(None).chain(moe::DECODE_VARIANTS.iter().filter(|v| moe::decode_supported(&gpu, &store.layout, v)).map(|v| Some(*v))).collect();
         let ys: Vec<_> = variants.iter().map(|_| gpu.storage("y", (t * n_in * 4) as u64)).collect();
         run(&gpu, |enc| {
             for (v, y) in variants.iter().zip(&ys) {

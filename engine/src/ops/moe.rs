@@ -4,7 +4,7 @@
 
 use super::shader_params;
 use crate::config::{Activation, ExpertFormat};
-use crate::experts::ExpertStore;
+use crate::experts::{ExpertStore, SlotLayout};
 use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
 
 shader_params!(
@@ -35,6 +35,14 @@ pub const EXPERT_UP_MXFP4_SG2: Kernel =
     Kernel::new("expert_up_mxfp4_sg2", "moe_sg", "expert_up_sg2").with_constants(&[("RS2", 2.0), ("RPW2", 16.0)]).subgroups().unchecked();
 pub const EXPERT_DOWN_MXFP4_SG2: Kernel =
     Kernel::new("expert_down_mxfp4_sg2", "moe_sg", "expert_down_sg2").with_constants(&[("RS2", 2.0), ("RPW2", 2.0)]).subgroups().unchecked();
+/// Subgroup decode kernels reading activations group-transposed (moe_sg.wgsl `sgt`): 2 rows
+/// per subgroup pass, 32 rows per workgroup in stage 1; 2 rows x all experts in stage 2.
+pub const EXPERT_UP_MXFP4_SGT: Kernel =
+    Kernel::new("expert_up_mxfp4_sgt", "moe_sg", "expert_up_sgt").with_constants(&[("RPW2", 32.0)]).subgroups().unchecked();
+pub const EXPERT_DOWN_MXFP4_SGT: Kernel =
+    Kernel::new("expert_down_mxfp4_sgt", "moe_sg", "expert_down_sgt").with_constants(&[("RPW2", 8.0)]).subgroups().unchecked();
+/// Stage 1 of `sgt` stages z in a workgroup array of this many floats (moe_sg.wgsl MAX_XT * 4).
+const SGT_MAX_IN: usize = 4096;
 pub const MOE_GROUP: Kernel = Kernel::new("moe_group", "moe", "moe_group");
 pub const EXPERT_UP_GROUPED_MXFP4: Kernel = Kernel::new("expert_up_grouped_mxfp4", "moe", "expert_up_grouped").with_constants(MX);
 pub const EXPERT_UP_GROUPED_BF16: Kernel = Kernel::new("expert_up_grouped_bf16", "moe", "expert_up_grouped").with_constants(BF);
@@ -55,6 +63,8 @@ pub const KERNELS: &[Kernel] = &[
     EXPERT_DOWN_BF16,
     EXPERT_UP_MXFP4_SG2,
     EXPERT_DOWN_MXFP4_SG2,
+    EXPERT_UP_MXFP4_SGT,
+    EXPERT_DOWN_MXFP4_SGT,
     MOE_GROUP,
     EXPERT_UP_GROUPED_MXFP4,
     EXPERT_UP_GROUPED_BF16,
@@ -110,18 +120,27 @@ pub const DECODE_R4: DecodeKernels =
 /// Subgroup kernels with the paired-f16 decode and experts spread over subgroups in stage 2.
 pub const DECODE_SG2: DecodeKernels =
     DecodeKernels { name: "sg2 rs2", up: EXPERT_UP_MXFP4_SG2, down: EXPERT_DOWN_MXFP4_SG2, up_rows: 16, down_rows: 2 };
+/// Subgroup kernels with activations read group-transposed (coalesced across lanes).
+pub const DECODE_SGT: DecodeKernels =
+    DecodeKernels { name: "sgt", up: EXPERT_UP_MXFP4_SGT, down: EXPERT_DOWN_MXFP4_SGT, up_rows: 32, down_rows: 8 };
 /// Every MXFP4 decode variant, for tests and benches.
 pub const DECODE_VARIANTS: &[DecodeKernels] =
-    &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SG2];
+    &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SG2, DECODE_SGT];
 
-/// The fastest MXFP4 decode kernels this adapter can run.
-pub fn decode_default(gpu: &Gpu) -> DecodeKernels {
-    if gpu.caps.subgroups { DECODE_SG2 } else { DECODE_SHARED }
+/// The fastest MXFP4 decode kernels this adapter can run at this expert width.
+pub fn decode_default(gpu: &Gpu, layout: &SlotLayout) -> DecodeKernels {
+    if decode_supported(gpu, layout, &DECODE_SGT) {
+        DECODE_SGT
+    } else if gpu.caps.subgroups {
+        DECODE_SG2
+    } else {
+        DECODE_SHARED
+    }
 }
 
-/// Whether the adapter can run `k`.
-pub fn decode_supported(gpu: &Gpu, k: &DecodeKernels) -> bool {
-    !k.up.needs_subgroups || gpu.caps.subgroups
+/// Whether the adapter can run `k` on experts of this layout.
+pub fn decode_supported(gpu: &Gpu, layout: &SlotLayout, k: &DecodeKernels) -> bool {
+    (!k.up.needs_subgroups || gpu.caps.subgroups) && (k.up.name != EXPERT_UP_MXFP4_SGT.name || layout.n_in <= SGT_MAX_IN)
 }
 
 /// Per-call shape and activation of a routed-expert run.
@@ -198,12 +217,15 @@ pub fn experts_decode(
     need(h, t * k * n_mid * 4, "h")?;
     need(y, t * n_in * 4, "y")?;
     let k_sel = match store.layout.format {
-        ExpertFormat::Mxfp4 => kernels.unwrap_or_else(|| decode_default(gpu)),
+        ExpertFormat::Mxfp4 => kernels.unwrap_or_else(|| decode_default(gpu, &store.layout)),
         ExpertFormat::Bf16 => DecodeKernels { name: "bf16", up: EXPERT_UP_BF16, down: EXPERT_DOWN_BF16, up_rows: 2, down_rows: 2 },
     };
     // The subgroup kernels (moe_sg.wgsl, the only ones that need subgroups) keep stage-2
     // partial sums in a 2048-float workgroup array and read scale bytes through binding 7.
     let sg = k_sel.up.needs_subgroups;
+    if !decode_supported(gpu, &store.layout, &k_sel) {
+        return Err(GpuError::Shape(format!("experts: decode kernels {} do not run here at expert width {n_in}", k_sel.name)));
+    }
     if sg && k * k_sel.down_rows as usize > 2048 {
         return Err(GpuError::Shape(format!("experts: top_k {k} x {} rows exceeds the stage-2 workgroup buffer", k_sel.down_rows)));
     }
