@@ -340,20 +340,27 @@ impl GlobalAttn {
         let mut diags = Vec::new();
         let split_max = dsa::attend_splits(self.indexer.as_ref().map_or(n_pos, |i| i.topk.min(n_pos)));
         let part = gpu.scratch("mla partials", dsa::partial_bytes(&dm, tb, split_max) as u64);
-        let qa_b = buf("qa block", tb * h * dm.width());
-        let o_b = buf("o block", tb * vo);
-        let g_b = buf("gate block", tb * vo);
-        let lse_b = buf("lse block", tb * h);
+        // One block covering every query (decode) works on the whole-T buffers in place: no
+        // block copies, which would also split the layer's compute passes.
+        let single = tb >= t_n;
+        let block_buf = |whole: &wgpu::Buffer, label: &str, n: usize| if single { whole.clone() } else { buf(label, n) };
+        let qa_b = block_buf(&qa, "qa block", tb * h * dm.width());
+        let o_b = block_buf(&o, "o block", tb * vo);
+        let g_b = block_buf(&g, "gate block", tb * vo);
+        let lse_b = block_buf(&lse, "lse block", tb * h);
         let ix_state = match &self.indexer {
             Some(ix) => {
                 let scratch = TopkScratch::new(gpu, tb.max(if opts.diagnostics { h } else { 1 }), n_pos, ix.topk)?;
-                Some((ix, scratch, buf("scores [Tb, S]", tb * n_pos), buf("qI block", tb * ih * id), buf("wI block", tb * ih)))
+                Some((ix, scratch, buf("scores [Tb, S]", tb * n_pos), block_buf(&qi, "qI block", tb * ih * id), block_buf(&wi, "wI block", tb * ih)))
             }
             None => None,
         };
         let sel = buf("sel [Tb, k]", tb * ix_state.as_ref().map_or(1, |s| s.0.topk));
         let sel_score = buf("sel scores [Tb, k]", tb * ix_state.as_ref().map_or(1, |s| s.0.topk));
         let copy_rows = |enc: &mut wgpu::CommandEncoder, src: &wgpu::Buffer, dst: &wgpu::Buffer, row: usize, t0: usize, n: usize, back: bool| {
+            if single {
+                return;
+            }
             let (a, b) = ((t0 * row * 4) as u64, (n * row * 4) as u64);
             if back {
                 enc.copy_buffer_to_buffer(src, 0, dst, a, b);
