@@ -9,7 +9,7 @@ struct GemvParams {
     rows: u32,
     cols: u32,
     row_offset: u32,
-    _pad: u32,
+    accumulate: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: GemvParams;
@@ -33,6 +33,16 @@ fn bf16_at(i: u32) -> f32 {
     return select(bf16_lo(word), bf16_hi(word), (i & 1u) == 1u);
 }
 
+// Writes a row total, or adds it to what y holds (accumulate: a residual or a second branch
+// summed in place instead of by a separate add pass).
+fn store_y(i: u32, v: f32) {
+    if (p.accumulate != 0u) {
+        y[i] += v;
+    } else {
+        y[i] = v;
+    }
+}
+
 fn reduce_and_store(lid: u32, row: u32, acc: f32) {
     partial[lid] = acc;
     workgroupBarrier();
@@ -43,7 +53,7 @@ fn reduce_and_store(lid: u32, row: u32, acc: f32) {
         workgroupBarrier();
     }
     if (lid == 0u) {
-        y[p.row_offset + row] = partial[0];
+        store_y(p.row_offset + row, partial[0]);
     }
 }
 
@@ -142,6 +152,6 @@ fn gemv_bf16_v4(
         workgroupBarrier();
     }
     if (lid < ROWS && row0 + lid < p.rows) {
-        y[p.row_offset + row0 + lid] = partial4[lid * WG4];
+        store_y(p.row_offset + row0 + lid, partial4[lid * WG4]);
     }
 }

@@ -10,7 +10,7 @@ struct GemvParams {
     rows: u32,
     cols: u32,
     row_offset: u32,
-    _pad: u32,
+    accumulate: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: GemvParams;
@@ -27,6 +27,16 @@ override CS: u32 = 1u;
 const MAX_RS: u32 = 4u;
 
 var<workgroup> part_sum: array<f32, 256>; // [part][row of the workgroup], RPW * CS <= 256
+
+// Writes a row total, or adds it to what y holds (accumulate: a residual or a second branch
+// summed in place instead of by a separate add pass).
+fn store_y(i: u32, v: f32) {
+    if (p.accumulate != 0u) {
+        y[i] += v;
+    } else {
+        y[i] = v;
+    }
+}
 
 fn unit_dot(q: vec4<u32>, a: vec4<f32>, b: vec4<f32>) -> f32 {
     let lo = bitcast<vec4<f32>>(q << vec4<u32>(16u));
@@ -87,7 +97,7 @@ fn gemv_bf16_sg(
             let total = subgroupAdd(acc[i]);
             if (lane == 0u && row0 + i < p.rows) {
                 if (parts == 1u) {
-                    y[p.row_offset + row0 + i] = total;
+                    store_y(p.row_offset + row0 + i, total);
                 } else {
                     part_sum[part * RPW + r0 + i] = total;
                 }
@@ -102,7 +112,7 @@ fn gemv_bf16_sg(
             for (var j = 0u; j < parts; j++) {
                 total += part_sum[j * RPW + lid];
             }
-            y[p.row_offset + row] = total;
+            store_y(p.row_offset + row, total);
         }
     }
 }

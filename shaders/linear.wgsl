@@ -10,7 +10,7 @@ struct LinearParams {
     tokens: u32,
     row_offset: u32,
     y_stride: u32,
-    _pad0: u32,
+    accumulate: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -28,6 +28,15 @@ var<workgroup> xt: array<f32, 1056>; // [BK, BT + 1]
 
 // f32 weights (small f32 tensors such as a router gate saved in f32) share the u32 binding.
 override W_F32: bool = false;
+
+// Writes an output, or adds it to what y holds (accumulate).
+fn store_y(i: u32, v: f32) {
+    if (p.accumulate != 0u) {
+        y[i] += v;
+    } else {
+        y[i] = v;
+    }
+}
 
 fn w_at(i: u32) -> f32 {
     if (W_F32) {
@@ -83,7 +92,7 @@ fn linear_bf16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
             let r = r0 + tr + i;
             let t = t0 + tt + j;
             if (r < p.rows && t < p.tokens) {
-                y[t * p.y_stride + p.row_offset + r] = acc[i * 4u + j];
+                store_y(t * p.y_stride + p.row_offset + r, acc[i * 4u + j]);
             }
         }
     }

@@ -349,6 +349,17 @@ fn gemv_fast_path_and_linear_match_reference() {
                 want.extend(reference::gemv::gemv(&w, rows, cols, &x[r * cols..(r + 1) * cols]));
             }
             assert!(support::nmse(&got, &want) < 1e-10, "[{rows}, {cols}] x {t} {v:?}: nmse {}", support::nmse(&got, &want));
+            // Accumulating: y already holds a residual; the product is added to it.
+            let base = support::random_vec(9, t * rows);
+            let yb = gpu.storage_from("y base", &base);
+            if t == 1 {
+                run(&gpu, |enc| gemv::gemv_into(&gpu, enc, &wt, &xb, &yb, v, true, None).unwrap());
+            } else {
+                run(&gpu, |enc| linear::linear_add(&gpu, enc, &wt, t, &xb, &yb, None).unwrap());
+            }
+            let got: Vec<f32> = gpu.read(&yb, t * rows).unwrap();
+            let want: Vec<f32> = want.iter().zip(&base).map(|(a, b)| a + b).collect();
+            assert!(support::nmse(&got, &want) < 1e-10, "accumulate [{rows}, {cols}] x {t} {v:?}: nmse {}", support::nmse(&got, &want));
         }
     }
 }

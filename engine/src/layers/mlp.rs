@@ -4,7 +4,7 @@
 use crate::checkpoint::TensorView;
 use crate::config::Activation;
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
-use crate::ops::{linear::{linear, linear_many}, norm::glu};
+use crate::ops::{linear::{linear, linear_add, linear_many}, norm::glu};
 
 pub struct GluMlp {
     gate: GpuTensor,
@@ -58,6 +58,33 @@ impl GluMlp {
         x: &wgpu::Buffer,
         tokens: usize,
         out: &wgpu::Buffer,
+        prof: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        self.forward_into(gpu, enc, x, tokens, out, false, prof)
+    }
+
+    /// out += MLP(x): the down projection sums into out (no separate add pass).
+    pub fn forward_add(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        tokens: usize,
+        out: &wgpu::Buffer,
+        prof: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        self.forward_into(gpu, enc, x, tokens, out, true, prof)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_into(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        x: &wgpu::Buffer,
+        tokens: usize,
+        out: &wgpu::Buffer,
+        accumulate: bool,
         mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
         // Internal scratch goes back to the pool when this layer returns.
@@ -67,6 +94,10 @@ impl GluMlp {
         let (g, u, a) = (buf("mlp gate"), buf("mlp up"), buf("mlp act"));
         linear_many(gpu, enc, &[(&self.gate, &g), (&self.up, &u)], tokens, x, prof.as_deref_mut())?;
         glu(gpu, enc, self.act, tokens * inner, &g, &u, &a, prof.as_deref_mut())?;
-        linear(gpu, enc, &self.down, tokens, &a, out, prof)
+        if accumulate {
+            linear_add(gpu, enc, &self.down, tokens, &a, out, prof)
+        } else {
+            linear(gpu, enc, &self.down, tokens, &a, out, prof)
+        }
     }
 }

@@ -9,7 +9,7 @@ use crate::config::{Activation, ExpertFormat, ModelConfig};
 use crate::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::layout::DType;
-use crate::ops::{elementwise::add, linear::{linear, linear_many}, moe, norm::rms_norm, router::router_select};
+use crate::ops::{linear::{linear, linear_many}, moe, norm::rms_norm, router::router_select};
 
 struct Latent {
     down: GpuTensor,
@@ -122,42 +122,33 @@ impl MoeBlock {
             Some(z) => z,
             None => x,
         };
-        let y = buf("experts out", t * n_in);
+        // Without a latent projection the experts write the layer's output directly.
+        let y_owned = self.latent.as_ref().map(|_| buf("experts out", t * n_in));
+        let y = y_owned.as_ref().unwrap_or(out);
         let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act: self.act };
         if t == 1 {
             let h = buf("experts h", t * k * self.cfg.moe_intermediate_size);
-            moe::experts_decode(gpu, enc, &self.store, &call, None, z, &idx, &wts, &h, &y, prof.as_deref_mut())?;
+            moe::experts_decode(gpu, enc, &self.store, &call, None, z, &idx, &wts, &h, y, prof.as_deref_mut())?;
         } else {
             let scratch = moe::GroupedScratch::new(gpu, &self.store, t, k);
-            moe::experts_grouped(gpu, enc, &self.store, &call, z, &idx, &wts, &scratch, &y, prof.as_deref_mut())?;
+            moe::experts_grouped(gpu, enc, &self.store, &call, z, &idx, &wts, &scratch, y, prof.as_deref_mut())?;
         }
-        let routed = match &self.latent {
-            Some(l) => {
-                let normed_owned;
-                let normed = match &l.norm {
-                    Some(w) => {
-                        normed_owned = buf("latent normed", t * n_in);
-                        rms_norm(gpu, enc, t, n_in, self.eps, &y, w, &normed_owned, prof.as_deref_mut())?;
-                        &normed_owned
-                    }
-                    None => &y,
-                };
-                let r = buf("latent up", t * d);
-                linear(gpu, enc, &l.up, t, normed, &r, prof.as_deref_mut())?;
-                r
-            }
-            None => y,
-        };
+        if let Some(l) = &self.latent {
+            let normed_owned;
+            let normed = match &l.norm {
+                Some(w) => {
+                    normed_owned = buf("latent normed", t * n_in);
+                    rms_norm(gpu, enc, t, n_in, self.eps, y, w, &normed_owned, prof.as_deref_mut())?;
+                    &normed_owned
+                }
+                None => y,
+            };
+            linear(gpu, enc, &l.up, t, normed, out, prof.as_deref_mut())?;
+        }
+        // The shared experts sum into the routed output in place.
         match &self.shared {
-            Some(s) => {
-                let sh = buf("shared experts", t * d);
-                s.forward(gpu, enc, x, t, &sh, prof.as_deref_mut())?;
-                add(gpu, enc, t * d, &routed, &sh, out, prof)
-            }
-            None => {
-                enc.copy_buffer_to_buffer(&routed, 0, out, 0, (t * d * 4) as u64);
-                Ok(())
-            }
+            Some(s) => s.forward_add(gpu, enc, x, t, out, prof),
+            None => Ok(()),
         }
     }
 

@@ -6,7 +6,7 @@ use crate::layout::DType;
 
 shader_params!(
     /// Mirrors `GemvParams` in shaders/gemv.wgsl.
-    GemvParams in "gemv" { rows: u32, cols: u32, row_offset: u32, _pad: u32 }
+    GemvParams in "gemv" { rows: u32, cols: u32, row_offset: u32, accumulate: u32 }
 );
 
 shader_params!(
@@ -81,7 +81,7 @@ pub fn gemv(
     y: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    gemv_variant(gpu, enc, w, x, y, None, profiler)
+    gemv_into(gpu, enc, w, x, y, None, false, profiler)
 }
 
 /// [`gemv`] with an explicit bf16 fast-path variant (one of the `GEMV_BF16_V4_*`), for the bench.
@@ -92,6 +92,21 @@ pub fn gemv_variant(
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
     fast: Option<Kernel>,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    gemv_into(gpu, enc, w, x, y, fast, false, profiler)
+}
+
+/// [`gemv_variant`] writing y, or adding to it (`accumulate`).
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_into(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    fast: Option<Kernel>,
+    accumulate: bool,
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     let v4 = w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] % 8 == 0;
@@ -121,7 +136,7 @@ pub fn gemv_variant(
         if chunk.rows == 0 {
             continue;
         }
-        let params = GemvParams { rows: chunk.rows as u32, cols: cols as u32, row_offset: chunk.first_row as u32, _pad: 0 };
+        let params = GemvParams { rows: chunk.rows as u32, cols: cols as u32, row_offset: chunk.first_row as u32, accumulate: accumulate as u32 };
         let bufs = [(binding, &chunk.buffer), (if v4 { 6 } else { 2 }, x), (3, y)];
         gpu.dispatch(enc, &kernel, &params, &bufs, ((chunk.rows as u32).div_ceil(per), 1), profiler.as_deref_mut())?;
     }

@@ -9,7 +9,7 @@ use crate::layout::DType;
 shader_params!(
     /// Mirrors `LinearParams` in shaders/linear.wgsl.
     LinearParams in "linear" {
-        rows: u32, cols: u32, tokens: u32, row_offset: u32, y_stride: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+        rows: u32, cols: u32, tokens: u32, row_offset: u32, y_stride: u32, accumulate: u32, _pad1: u32, _pad2: u32,
     }
 );
 
@@ -44,10 +44,38 @@ pub fn linear(
     tokens: usize,
     x: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    linear_into(gpu, enc, w, tokens, x, y, false, profiler)
+}
+
+/// y [T, rows] += x [T, cols] W^T: [`linear`] summed into what y holds (a residual or a
+/// second branch, without a separate add pass).
+pub fn linear_add(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    w: &GpuTensor,
+    tokens: usize,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    linear_into(gpu, enc, w, tokens, x, y, true, profiler)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn linear_into(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    w: &GpuTensor,
+    tokens: usize,
+    x: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    accumulate: bool,
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     if tokens == 1 {
-        return super::gemv::gemv(gpu, enc, w, x, y, profiler);
+        return super::gemv::gemv_into(gpu, enc, w, x, y, None, accumulate, profiler);
     }
     let kernel = match w.dtype {
         DType::BF16 => LINEAR_BF16,
@@ -68,6 +96,7 @@ pub fn linear(
             tokens: tokens as u32,
             row_offset: chunk.first_row as u32,
             y_stride: rows as u32,
+            accumulate: accumulate as u32,
             ..Default::default()
         };
         let groups = ((chunk.rows as u32).div_ceil(64), (tokens as u32).div_ceil(32));
