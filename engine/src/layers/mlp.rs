@@ -58,42 +58,43 @@ impl GluMlp {
         x: &wgpu::Buffer,
         tokens: usize,
         out: &wgpu::Buffer,
-        prof: Option<&mut Profiler>,
+        mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
-        self.forward_into(gpu, enc, x, tokens, out, false, prof)
+        // Internal scratch goes back to the pool when this layer returns.
+        let _scratch = gpu.scratch_scope();
+        let (g, u) = self.projection_buffers(gpu, tokens);
+        linear_many(gpu, enc, &self.projections(&g, &u), tokens, x, prof.as_deref_mut())?;
+        self.finish(gpu, enc, &g, &u, tokens, out, false, prof)
     }
 
-    /// out += MLP(x): the down projection sums into out (no separate add pass).
-    pub fn forward_add(
-        &self,
-        gpu: &Gpu,
-        enc: &mut wgpu::CommandEncoder,
-        x: &wgpu::Buffer,
-        tokens: usize,
-        out: &wgpu::Buffer,
-        prof: Option<&mut Profiler>,
-    ) -> Result<(), GpuError> {
-        self.forward_into(gpu, enc, x, tokens, out, true, prof)
+    /// Scratch for the gate and up projections of `tokens` tokens.
+    pub fn projection_buffers(&self, gpu: &Gpu, tokens: usize) -> (wgpu::Buffer, wgpu::Buffer) {
+        let bytes = (tokens * self.gate.rows() * 4) as u64;
+        (gpu.scratch("mlp gate", bytes), gpu.scratch("mlp up", bytes))
     }
 
+    /// The (matrix, output) pairs of the gate and up projections, for a caller that runs them
+    /// together with other projections of the same x (one GEMV dispatch in decode).
+    pub fn projections<'b>(&'b self, g: &'b wgpu::Buffer, u: &'b wgpu::Buffer) -> [(&'b GpuTensor, &'b wgpu::Buffer); 2] {
+        [(&self.gate, g), (&self.up, u)]
+    }
+
+    /// out = down(act(g, u)) from the projections, or out += it (`accumulate`).
     #[allow(clippy::too_many_arguments)]
-    fn forward_into(
+    pub fn finish(
         &self,
         gpu: &Gpu,
         enc: &mut wgpu::CommandEncoder,
-        x: &wgpu::Buffer,
+        g: &wgpu::Buffer,
+        u: &wgpu::Buffer,
         tokens: usize,
         out: &wgpu::Buffer,
         accumulate: bool,
         mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
-        // Internal scratch goes back to the pool when this layer returns.
-        let _scratch = gpu.scratch_scope();
         let inner = self.gate.rows();
-        let buf = |label: &str| gpu.scratch(label, (tokens * inner * 4) as u64);
-        let (g, u, a) = (buf("mlp gate"), buf("mlp up"), buf("mlp act"));
-        linear_many(gpu, enc, &[(&self.gate, &g), (&self.up, &u)], tokens, x, prof.as_deref_mut())?;
-        glu(gpu, enc, self.act, tokens * inner, &g, &u, &a, prof.as_deref_mut())?;
+        let a = gpu.scratch("mlp act", (tokens * inner * 4) as u64);
+        glu(gpu, enc, self.act, tokens * inner, g, u, &a, prof.as_deref_mut())?;
         if accumulate {
             linear_add(gpu, enc, &self.down, tokens, &a, out, prof)
         } else {

@@ -111,10 +111,15 @@ impl MoeBlock {
         let buf = |label: &str, n: usize| gpu.scratch(label, (n * 4) as u64);
         let (logits, idx, wts) = (buf("router logits", t * e), buf("router idx", t * k), buf("router weights", t * k));
         let z_owned = self.latent.as_ref().map(|_| buf("latent z", t * n_in));
-        // Router logits and the latent down-projection both read x: one dispatch in decode.
+        // Router logits, the latent down-projection and the shared experts' gate and up
+        // projections all read x: one dispatch in decode.
         let mut from_x = vec![(&self.gate, &logits)];
         if let (Some(l), Some(z)) = (&self.latent, &z_owned) {
             from_x.push((&l.down, z));
+        }
+        let shared_gu = self.shared.as_ref().map(|s| s.projection_buffers(gpu, t));
+        if let (Some(s), Some((g, u))) = (&self.shared, &shared_gu) {
+            from_x.extend(s.projections(g, u));
         }
         linear_many(gpu, enc, &from_x, t, x, prof.as_deref_mut())?;
         router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, prof.as_deref_mut())?;
@@ -146,9 +151,9 @@ impl MoeBlock {
             linear(gpu, enc, &l.up, t, normed, out, prof.as_deref_mut())?;
         }
         // The shared experts sum into the routed output in place.
-        match &self.shared {
-            Some(s) => s.forward_add(gpu, enc, x, t, out, prof),
-            None => Ok(()),
+        match (&self.shared, &shared_gu) {
+            (Some(s), Some((g, u))) => s.finish(gpu, enc, g, u, t, out, true, prof),
+            _ => Ok(()),
         }
     }
 
