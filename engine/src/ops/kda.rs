@@ -182,8 +182,10 @@ impl DecodeVariant {
         PREFERENCE.into_iter().find(|v| v.runs_on(gpu, geom)).unwrap_or(DecodeVariant::C32)
     }
 }
-/// Value columns per state / output workgroup (LANES in kda_chunk.wgsl).
-const LANES: usize = 16;
+/// Value columns per state workgroup (SBV in kda_chunk.wgsl).
+const STATE_COLS: usize = 32;
+/// Value columns per output workgroup (OVT in kda_chunk.wgsl).
+const OUT_COLS: usize = 64;
 
 /// Shape of one KDA layer as the kernels see it (K = V = head_dim).
 #[derive(Clone, Copy, Debug)]
@@ -699,9 +701,9 @@ fn chunk_prefill_inner(
     }
     let hs = s.hs.as_ref().ok_or_else(|| GpuError::Shape("kda prefill: scratch made for the coop path has no chunk states".into()))?;
     let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, hs)];
-    dispatch(gpu, enc, &KDA_CHUNK_STATE, &uniform, &scan, geom.heads * k.div_ceil(LANES), profiler.as_deref_mut())?;
+    dispatch(gpu, enc, &KDA_CHUNK_STATE, &uniform, &scan, geom.heads * k.div_ceil(STATE_COLS), profiler.as_deref_mut())?;
     let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, hs)];
-    dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(LANES), profiler)
+    dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(OUT_COLS), profiler)
 }
 
 /// y [rows, V] = RMSNorm(o; norm_w, 1e-5) * sigmoid(gate), rows = T * H.
