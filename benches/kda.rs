@@ -113,7 +113,7 @@ fn main() -> anyhow::Result<()> {
     let decode_only = args.iter().any(|a| a == "--decode-only");
     let prefill_only = args.iter().any(|a| a == "--prefill-only");
     let gpu = Gpu::open(None)?;
-    println!("GPU: {}  (coopmat: {})", gpu.describe(), gpu.caps.coopmat);
+    println!("GPU: {}  (coopmat: {}, workgroup memory limit {} B)", gpu.describe(), gpu.caps.coopmat, gpu.caps.max_workgroup_storage);
     let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
     println!("copy bandwidth (read+write, 1 GiB): {copy:.1} GB/s");
     let (heads, dk, t_len, layers, check_heads) = if quick { (4, 128, 512, 2, 2) } else { (96, 128, 8192, 16, 4) };

@@ -8,9 +8,12 @@
 //                     thread, 64-column slices staged); qg = q e^Gamma and kg = k e^(Gamma_last -
 //                     Gamma) on the way.
 //   kda_chunk_state:  per (head, tile of SBV value columns), sequential over chunks: keep S_n
-//                     (workgroup memory), store it for kda_chunk_out; U = u - w S_n (4 rows x 2
-//                     columns per thread, w staged transposed in 64-channel slices);
-//                     S = diag(e^Gamma_last) S_n + kg^T U (4 channels x 2 columns per thread).
+//                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
+//                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
+//                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
+//                     (4 channels x 2 columns per thread).
+// Workgroup memory stays below 48 KiB per kernel (NVIDIA's Vulkan limit; lavapipe runs larger
+// ones than the 32 KiB it reports, so the tests do not catch an overrun).
 //   kda_chunk_out:    per (chunk, head, tile of OVT columns), in parallel: O = [qg | A_qk] [S_n ; U]
 //                     as one register-tiled product (4x4 per thread, inner dimension in slices of 32).
 // The ragged last chunk uses only its valid rows (Gamma_last from the last valid row).
@@ -405,7 +408,7 @@ fn kda_chunk_intra(
 // ---------------------------------------------------------------------------------------
 // kda_chunk_state: one workgroup per (head, tile of SBV value columns), sequential over chunks.
 const SBV: u32 = 32u;     // value columns per state workgroup (16 column pairs)
-var<workgroup> st_s: array<vec2<f32>, 4096>;  // [K, 16] state tile S_n (K <= 256)
+var<workgroup> st_s: array<vec2<f32>, 2048>;  // [K, 16] state tile S_n (K <= 128)
 // W^T slice [64 channels, 17 (16 row quads + pad)] in the U phase, kg slice [64 rows, 16
 // channel quads] in the S phase.
 var<workgroup> st_t: array<vec4<f32>, 1088>;
@@ -567,6 +570,86 @@ fn kda_chunk_state(
             let at = h * kv + c * p.dk + col;
             state[at] = x.x;
             state[at + 1u] = x.y;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+const LANES: u32 = 16u;   // value columns per kda_chunk_state16 workgroup
+const GROUPS: u32 = 16u;  // row groups per kda_chunk_state16 workgroup
+var<workgroup> sh_s: array<f32, 4096>;   // [K, LANES] state tile, K <= 256
+var<workgroup> sh_u: array<f32, 1024>;   // [C, LANES] U of the current chunk
+
+
+// kda_chunk_state16: the state pass for K > 128 (kda_chunk_state holds at most 128 rows of S
+// in workgroup memory): one workgroup per (head, 16 value columns), sequential over chunks,
+// w and kg read from global memory in the inner loops; same outputs as kda_chunk_state.
+@compute @workgroup_size(256)
+fn kda_chunk_state16(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let tiles = (p.dk + LANES - 1u) / LANES;
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.heads * tiles) {
+        return;
+    }
+    let h = id / tiles;
+    let tile = id % tiles;
+    let lane = lid % LANES;
+    let grp = lid / LANES;
+    let col = tile * LANES + lane;
+    let live = col < p.dk;
+    let hk = p.heads * p.dk;
+    let kv = p.dk * p.dk;
+    let sbase = h * kv + col;
+    for (var c = grp; c < p.dk; c += GROUPS) {
+        sh_s[c * LANES + lane] = select(0.0, state[sbase + c * p.dk], live);
+    }
+    workgroupBarrier();
+    for (var n = 0u; n < p.nchunks; n++) {
+        let t0 = n * C;
+        let nv = rows_in(n);
+        if (live) {
+            let hb = (n * p.heads + h) * kv + col;
+            for (var c = grp; c < p.dk; c += GROUPS) {
+                hs[hb + c * p.dk] = sh_s[c * LANES + lane];
+            }
+        }
+        // U = u - w S for rows grp, grp + GROUPS, ...
+        for (var i = 0u; i < C / GROUPS; i++) {
+            let r = grp + i * GROUPS;
+            var au = 0.0;
+            if (r < nv) {
+                let row = (t0 + r) * hk + h * p.dk;
+                for (var c = 0u; c < p.dk; c++) {
+                    au += w[row + c] * sh_s[c * LANES + lane];
+                }
+                if (live) {
+                    au = u[row + col] - au;
+                    u[row + col] = au;
+                } else {
+                    au = 0.0;
+                }
+            }
+            sh_u[r * LANES + lane] = au;
+        }
+        workgroupBarrier();
+        // S = diag(e^Gamma_last) S + kg^T U (each thread owns its own rows of S).
+        let glast = (t0 + nv - 1u) * hk + h * p.dk;
+        for (var c = grp; c < p.dk; c += GROUPS) {
+            var acc = sh_s[c * LANES + lane] * exp(gam[glast + c]);
+            for (var rr = 0u; rr < nv; rr++) {
+                acc += kg[(t0 + rr) * hk + h * p.dk + c] * sh_u[rr * LANES + lane];
+            }
+            sh_s[c * LANES + lane] = acc;
+        }
+        workgroupBarrier();
+    }
+    if (live) {
+        for (var c = grp; c < p.dk; c += GROUPS) {
+            state[sbase + c * p.dk] = sh_s[c * LANES + lane];
         }
     }
 }

@@ -50,6 +50,8 @@ pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", 
 pub const KDA_CHUNK_INTRA_H: Kernel =
     Kernel::new("kda_chunk_intra_h", "kda_chunk", "kda_chunk_intra").with_constants(&[("HALF_OUT", 1.0)]);
 pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", "kda_chunk_state");
+/// The state pass for K > STATE_KMAX (16 columns per workgroup, S rows up to 256).
+pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chunk", "kda_chunk_state16");
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out");
 /// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
 pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
@@ -68,6 +70,7 @@ pub const KERNELS: &[Kernel] = &[
     KDA_CHUNK_INTRA,
     KDA_CHUNK_INTRA_H,
     KDA_CHUNK_STATE,
+    KDA_CHUNK_STATE16,
     KDA_CHUNK_OUT,
     KDA_COOP_SCAN,
 ];
@@ -184,6 +187,9 @@ impl DecodeVariant {
 }
 /// Value columns per state workgroup (SBV in kda_chunk.wgsl).
 const STATE_COLS: usize = 32;
+/// Largest K of kda_chunk_state (rows of its workgroup-memory state tile); kda_chunk_state16
+/// (16 columns per workgroup) beyond.
+const STATE_KMAX: usize = 128;
 /// Value columns per output workgroup (OVT in kda_chunk.wgsl).
 const OUT_COLS: usize = 64;
 
@@ -701,7 +707,8 @@ fn chunk_prefill_inner(
     }
     let hs = s.hs.as_ref().ok_or_else(|| GpuError::Shape("kda prefill: scratch made for the coop path has no chunk states".into()))?;
     let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, hs)];
-    dispatch(gpu, enc, &KDA_CHUNK_STATE, &uniform, &scan, geom.heads * k.div_ceil(STATE_COLS), profiler.as_deref_mut())?;
+    let (state_kernel, cols) = if k <= STATE_KMAX { (&KDA_CHUNK_STATE, STATE_COLS) } else { (&KDA_CHUNK_STATE16, 16) };
+    dispatch(gpu, enc, state_kernel, &uniform, &scan, geom.heads * k.div_ceil(cols), profiler.as_deref_mut())?;
     let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, hs)];
     dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(OUT_COLS), profiler)
 }
