@@ -3,7 +3,7 @@
 //   kda_chunk_intra:  per (chunk, head): A_kk, A_qk on 16x16 blocks (pairwise exponents on the
 //                     diagonal blocks, the first row of the row's sub-chunk as reference off the
 //                     diagonal; never e^-Gamma alone; each thread one element of every block,
-//                     channels staged 8 at a time), M = (I + diag(beta) A_kk)^-1 blockwise, then
+//                     channels staged 8 at a time as vec4 quads), M = (I + diag(beta) A_kk)^-1 blockwise, then
 //                     [w | u] = M diag(beta) [K e^Gamma | V] as a register-tiled product (4x4 per
 //                     thread, 64-column slices staged); qg = q e^Gamma and kg = k e^(Gamma_last -
 //                     Gamma) on the way.
@@ -11,9 +11,14 @@
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
 //                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
-//                     (4 channels x 2 columns per thread).
-// Workgroup memory stays below 48 KiB per kernel (NVIDIA's Vulkan limit; lavapipe runs larger
-// ones than the 32 KiB it reports, so the tests do not catch an overrun).
+//                     (4 channels x 2 columns per thread); the next slice's loads are issued
+//                     before the current one is used.
+// Inner loops run a constant trip count (tiles zero-filled past K and past the last row), 4
+// steps at a time with the loads first. Workgroup memory stays below 48 KiB per kernel
+// (NVIDIA's Vulkan limit: a 57 KiB kernel hung the H200; lavapipe runs kernels above the 32
+// KiB it reports, so the tests do not catch an overrun). The host runs intra (f32 outputs),
+// state and out without wgpu's runtime bounds checks: every index is in range by
+// construction (global reads are guarded by row < nv and channel/column < K).
 //   kda_chunk_out:    per (chunk, head, tile of OVT columns), in parallel: O = [qg | A_qk] [S_n ; U]
 //                     as one register-tiled product (4x4 per thread, inner dimension in slices of 32).
 // The ragged last chunk uses only its valid rows (Gamma_last from the last valid row).
@@ -98,17 +103,17 @@ fn kda_chunk_cumsum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 
 // ---------------------------------------------------------------------------------------
 // kda_chunk_intra
-// Phase 1 staging (channel-major, LS = 64 rows + 1 pad per staged channel), in sh_m:
-const KS: u32 = 8u;          // channels per staged slice
-const LS: u32 = 65u;
-const O_TK: u32 = 0u;        // [KS, LS] k
-const O_TQ: u32 = 520u;      // [KS, LS] q
-const O_TG: u32 = 1040u;     // [KS, LS] Gamma
-const O_LK: u32 = 1560u;     // [KS, LS] k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
-const O_LQ: u32 = 2080u;     // [KS, LS] q_r e^(Gamma_r - Gamma_n(r))
-const O_RK: u32 = 2600u;     // [3, KS, LS] k_j e^(Gamma_n - Gamma_j), n = 16, 32, 48, j < n
-// sh_m: the phase-1 staging, then M = (I + A)^-1 [C, C] (row-major, stride C).
-var<workgroup> sh_m: array<f32, 4160>;
+// Phase 1 staging in sh_p: [4 channel quads, 64 rows] of vec4 per operand (quad-major, so a
+// row's 4 channels are one vec4 load and consecutive rows are consecutive vec4s).
+const KS: u32 = 8u;          // channels per staged slice (2 quads)
+const P_TK: u32 = 0u;        // k
+const P_TQ: u32 = 128u;      // q
+const P_TG: u32 = 256u;      // Gamma
+const P_LK: u32 = 384u;      // k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
+const P_LQ: u32 = 512u;      // q_r e^(Gamma_r - Gamma_n(r))
+const P_RK: u32 = 640u;      // [3, 2, 64] k_j e^(Gamma_n - Gamma_j), n = 16, 32, 48, j < n
+// sh_p: the phase-1 staging, then (scalar view) M = (I + A)^-1 [C, C] (row-major, stride C).
+var<workgroup> sh_p: array<vec4<f32>, 1024>;
 // sh_a: A = diag(beta) A_kk [C, C] (scalar view) during the inverse, then the staged right-hand
 // side [C rows, 16 column quads] of [w | u] = M B.
 var<workgroup> sh_a: array<vec4<f32>, 1024>;
@@ -123,22 +128,27 @@ fn a_set(e: u32, x: f32) {
     sh_a[e >> 2u][e & 3u] = x;
 }
 
-// (k_i kj', q_i kj') with kj' = k_j e^(Gamma_i - Gamma_j) of one diagonal-block pair (staged
-// channel at `base`); the exponent is clamped at 0 (pairs with j > i are masked later).
+fn m_get(e: u32) -> f32 {
+    return sh_p[e >> 2u][e & 3u];
+}
+
+fn m_set(e: u32, x: f32) {
+    sh_p[e >> 2u][e & 3u] = x;
+}
+
+// (k_i . kj', q_i . kj') over one channel quad (base = quad * 64) with kj' = k_j e^(Gamma_i -
+// Gamma_j) of one diagonal-block pair; the exponent is clamped at 0 (pairs j > i are masked).
 fn diag_pair(base: u32, ri: u32, rj: u32) -> vec2<f32> {
-    let kj = sh_m[O_TK + base + rj] * exp(min(sh_m[O_TG + base + ri] - sh_m[O_TG + base + rj], 0.0));
-    return vec2<f32>(sh_m[O_TK + base + ri], sh_m[O_TQ + base + ri]) * kj;
+    let kj = sh_p[P_TK + base + rj] * exp(min(sh_p[P_TG + base + ri] - sh_p[P_TG + base + rj], vec4<f32>(0.0)));
+    return vec2<f32>(dot(sh_p[P_TK + base + ri], kj), dot(sh_p[P_TQ + base + ri], kj));
 }
 
-fn rk_at(a: u32, base: u32, j: u32) -> f32 {
-    return sh_m[O_RK + (a - 1u) * 520u + base + j];
+fn off_pair(lk: vec4<f32>, lq: vec4<f32>, a: u32, base: u32, j: u32) -> vec2<f32> {
+    let rk = sh_p[P_RK + (a - 1u) * 128u + base + j];
+    return vec2<f32>(dot(lk, rk), dot(lq, rk));
 }
 
-fn lkq_at(base: u32, r: u32) -> vec2<f32> {
-    return vec2<f32>(sh_m[O_LK + base + r], sh_m[O_LQ + base + r]);
-}
-
-// Block (a, b) of A_kk (beta-scaled, into sh_a) and A_qk (global or staged in sh_m) from thread
+// Block (a, b) of A_kk (beta-scaled, into sh_a) and A_qk (global, or staged in sh_p for packing) from thread
 // (i, j)'s accumulator `x` = (kk, qk); `diag`: a == b (mask j < i / j <= i), `zero`: b > a.
 fn put_block(a: u32, b: u32, i: u32, j: u32, x: vec2<f32>, nv: u32, abase: u32) {
     let r = a * SUB + i;
@@ -149,7 +159,7 @@ fn put_block(a: u32, b: u32, i: u32, j: u32, x: vec2<f32>, nv: u32, abase: u32) 
     a_set(r * C + c, select(0.0, sh_beta[r] * x.x, kk_ok));
     let qv = select(0.0, x.y, qk_ok);
     if (HALF_OUT) {
-        sh_m[r * C + c] = qv;
+        m_set(r * C + c, qv);
     } else {
         aqk[abase + r * C + c] = qv;
     }
@@ -187,55 +197,60 @@ fn kda_chunk_intra(
     var o31 = vec2<f32>(0.0);
     var o32 = vec2<f32>(0.0);
     for (var c0 = 0u; c0 < p.dk; c0 += KS) {
-        for (var e = lid; e < C * KS; e += WG) {
-            let r = e / KS;
-            let cc = e % KS;
-            let ch = h * p.dk + c0 + cc;
-            let ok = r < nv;
-            var kx = 0.0;
-            var qx = 0.0;
-            var gx = 0.0;
-            var gn = 0.0;
-            if (ok) {
+        if (lid < C * KS / 4u) {
+            // One (row, channel quad) per thread.
+            let r = lid / 2u;
+            let cq = lid % 2u;
+            let ch = h * p.dk + c0 + 4u * cq;
+            var kx = vec4<f32>(0.0);
+            var qx = vec4<f32>(0.0);
+            var gx = vec4<f32>(0.0);
+            var gn = vec4<f32>(0.0);
+            if (r < nv) {
                 let at = (t0 + r) * hk + ch;
-                kx = k[at];
-                qx = q[at];
-                gx = gam[at];
-                gn = gam[(t0 + (r / SUB) * SUB) * hk + ch];
+                kx = vec4<f32>(k[at], k[at + 1u], k[at + 2u], k[at + 3u]);
+                qx = vec4<f32>(q[at], q[at + 1u], q[at + 2u], q[at + 3u]);
+                gx = vec4<f32>(gam[at], gam[at + 1u], gam[at + 2u], gam[at + 3u]);
+                let an = (t0 + (r / SUB) * SUB) * hk + ch;
+                gn = vec4<f32>(gam[an], gam[an + 1u], gam[an + 2u], gam[an + 3u]);
             }
             // Both exponents below are <= 0 for valid rows (Gamma is non-increasing).
             let sc = exp(gx - gn);
-            let s = cc * LS + r;
-            sh_m[O_TK + s] = kx;
-            sh_m[O_TQ + s] = qx;
-            sh_m[O_TG + s] = gx;
-            sh_m[O_LK + s] = kx * sc;
-            sh_m[O_LQ + s] = qx * sc;
+            let s = cq * 64u + r;
+            sh_p[P_TK + s] = kx;
+            sh_p[P_TQ + s] = qx;
+            sh_p[P_TG + s] = gx;
+            sh_p[P_LK + s] = kx * sc;
+            sh_p[P_LQ + s] = qx * sc;
             for (var a = 1u; a < 4u; a++) {
                 let n0 = a * SUB;
-                var val = 0.0;
+                var val = vec4<f32>(0.0);
                 if (r < n0 && n0 < nv) {
-                    val = kx * exp(gam[(t0 + n0) * hk + ch] - gx);
+                    let an = (t0 + n0) * hk + ch;
+                    val = kx * exp(vec4<f32>(gam[an], gam[an + 1u], gam[an + 2u], gam[an + 3u]) - gx);
                 }
-                sh_m[O_RK + (a - 1u) * 520u + s] = val;
+                sh_p[P_RK + (a - 1u) * 128u + s] = val;
             }
         }
         workgroupBarrier();
-        for (var cc = 0u; cc < KS; cc++) {
-            let base = cc * LS;
+        for (var cq = 0u; cq < KS / 4u; cq++) {
+            let base = cq * 64u;
             d0 += diag_pair(base, i, j);
             d1 += diag_pair(base, SUB + i, SUB + j);
             d2 += diag_pair(base, 2u * SUB + i, 2u * SUB + j);
             d3 += diag_pair(base, 3u * SUB + i, 3u * SUB + j);
-            let l1 = lkq_at(base, SUB + i);
-            let l2 = lkq_at(base, 2u * SUB + i);
-            let l3 = lkq_at(base, 3u * SUB + i);
-            o10 += l1 * rk_at(1u, base, j);
-            o20 += l2 * rk_at(2u, base, j);
-            o21 += l2 * rk_at(2u, base, SUB + j);
-            o30 += l3 * rk_at(3u, base, j);
-            o31 += l3 * rk_at(3u, base, SUB + j);
-            o32 += l3 * rk_at(3u, base, 2u * SUB + j);
+            let lk1 = sh_p[P_LK + base + SUB + i];
+            let lq1 = sh_p[P_LQ + base + SUB + i];
+            let lk2 = sh_p[P_LK + base + 2u * SUB + i];
+            let lq2 = sh_p[P_LQ + base + 2u * SUB + i];
+            let lk3 = sh_p[P_LK + base + 3u * SUB + i];
+            let lq3 = sh_p[P_LQ + base + 3u * SUB + i];
+            o10 += off_pair(lk1, lq1, 1u, base, j);
+            o20 += off_pair(lk2, lq2, 2u, base, j);
+            o21 += off_pair(lk2, lq2, 2u, base, SUB + j);
+            o30 += off_pair(lk3, lq3, 3u, base, j);
+            o31 += off_pair(lk3, lq3, 3u, base, SUB + j);
+            o32 += off_pair(lk3, lq3, 3u, base, 2u * SUB + j);
         }
         workgroupBarrier();
     }
@@ -263,7 +278,7 @@ fn kda_chunk_intra(
     if (HALF_OUT) {
         // A_qk leaves as f16 pairs (adjacent columns come from different threads: staged).
         for (var e = lid; e < C * C / 2u; e += WG) {
-            aqk16[abase / 2u + e] = pack_f16x2(vec2<f32>(sh_m[2u * e], sh_m[2u * e + 1u]));
+            aqk16[abase / 2u + e] = pack_f16x2(vec2<f32>(m_get(2u * e), m_get(2u * e + 1u)));
         }
         workgroupBarrier();
     }
@@ -271,7 +286,7 @@ fn kda_chunk_intra(
     // diagonal blocks by forward substitution, then the blocks at distance d = 1, 2, 3 below
     // the diagonal: M_ab = -M_aa sum_{m=b}^{a-1} A_am M_mb.
     for (var e = lid; e < C * C; e += WG) {
-        sh_m[e] = select(0.0, 1.0, e / C == e % C);
+        m_set(e, select(0.0, 1.0, e / C == e % C));
     }
     workgroupBarrier();
     if (lid < C) {
@@ -280,9 +295,9 @@ fn kda_chunk_intra(
         for (var ii = jj + 1u; ii < SUB; ii++) {
             var acc = -a_get((r0 + ii) * C + r0 + jj);
             for (var m = jj + 1u; m < ii; m++) {
-                acc -= a_get((r0 + ii) * C + r0 + m) * sh_m[(r0 + m) * C + r0 + jj];
+                acc -= a_get((r0 + ii) * C + r0 + m) * m_get((r0 + m) * C + r0 + jj);
             }
-            sh_m[(r0 + ii) * C + r0 + jj] = acc;
+            m_set((r0 + ii) * C + r0 + jj, acc);
         }
     }
     workgroupBarrier();
@@ -295,7 +310,7 @@ fn kda_chunk_intra(
             let jj = e % SUB;
             var acc = 0.0;
             for (var m = b * SUB; m < a * SUB; m++) {
-                acc += a_get((a * SUB + ii) * C + m) * sh_m[m * C + b * SUB + jj];
+                acc += a_get((a * SUB + ii) * C + m) * m_get(m * C + b * SUB + jj);
             }
             sh_t[e] = acc;
         }
@@ -307,9 +322,9 @@ fn kda_chunk_intra(
             let jj = e % SUB;
             var acc = 0.0;
             for (var m = 0u; m <= ii; m++) {
-                acc += sh_m[(a * SUB + ii) * C + a * SUB + m] * sh_t[b * SUB * SUB + m * SUB + jj];
+                acc += m_get((a * SUB + ii) * C + a * SUB + m) * sh_t[b * SUB * SUB + m * SUB + jj];
             }
-            sh_m[(a * SUB + ii) * C + b * SUB + jj] = -acc;
+            m_set((a * SUB + ii) * C + b * SUB + jj, -acc);
         }
         workgroupBarrier();
     }
@@ -321,7 +336,7 @@ fn kda_chunk_intra(
     let rg = lid / 16u;
     let cg = lid % 16u;
     let r0 = 4u * rg;
-    let mend = min(r0 + 4u, nv);
+    let mend4 = (min(r0 + 4u, nv) + 3u) & ~3u;
     for (var s = 0u; s < 2u * nsl; s++) {
         let isk = s < nsl;
         let cb = select(s - nsl, s, isk) * 64u;
@@ -363,12 +378,20 @@ fn kda_chunk_intra(
         var acc2 = vec4<f32>(0.0);
         var acc3 = vec4<f32>(0.0);
         // M is lower triangular: rows < nv need m <= row only.
-        for (var m = 0u; m < mend; m++) {
-            let bq = sh_a[m * 16u + cg];
-            acc0 += sh_m[r0 * C + m] * bq;
-            acc1 += sh_m[(r0 + 1u) * C + m] * bq;
-            acc2 += sh_m[(r0 + 2u) * C + m] * bq;
-            acc3 += sh_m[(r0 + 3u) * C + m] * bq;
+        // 4 m per step: M's rows as vec4s (M[r][m] = 0 for m > r, B's rows past the end are 0).
+        for (var m = 0u; m < mend4; m += 4u) {
+            let b0 = sh_a[m * 16u + cg];
+            let b1 = sh_a[(m + 1u) * 16u + cg];
+            let b2 = sh_a[(m + 2u) * 16u + cg];
+            let b3 = sh_a[(m + 3u) * 16u + cg];
+            let m0 = sh_p[(r0 * C + m) / 4u];
+            let m1 = sh_p[((r0 + 1u) * C + m) / 4u];
+            let m2 = sh_p[((r0 + 2u) * C + m) / 4u];
+            let m3 = sh_p[((r0 + 3u) * C + m) / 4u];
+            acc0 += m0.x * b0 + m0.y * b1 + m0.z * b2 + m0.w * b3;
+            acc1 += m1.x * b0 + m1.y * b1 + m1.z * b2 + m1.w * b3;
+            acc2 += m2.x * b0 + m2.y * b1 + m2.z * b2 + m2.w * b3;
+            acc3 += m3.x * b0 + m3.y * b1 + m3.z * b2 + m3.w * b3;
         }
         let col = cb + 4u * cg;
         if (col < p.dk) {
@@ -416,6 +439,52 @@ var<workgroup> st_u: array<vec2<f32>, 1024>;  // [C, 16] U of the chunk
 
 @group(0) @binding(13) var<storage, read_write> hs: array<f32>;  // [N, H, K, V] state before each chunk
 
+// The global loads of the next staged slice are issued before the current one is used
+// (one register slice in flight): stages per chunk are the nsl w^T slices, then the nsl kg ones.
+fn st_fetch(n: u32, s: u32, nsl: u32, h: u32, lid: u32) -> array<vec4<f32>, 4> {
+    var out: array<vec4<f32>, 4>;
+    if (n >= p.nchunks) {
+        return out;
+    }
+    let hk = p.heads * p.dk;
+    let t0 = n * C;
+    let nv = rows_in(n);
+    let isw = s < nsl;
+    let c0 = select(s - nsl, s, isw) * 64u;
+    for (var i = 0u; i < 4u; i++) {
+        let e = lid + i * WG;
+        var x = vec4<f32>(0.0);
+        if (isw) {
+            let ch = c0 + e % 64u;
+            let r = 4u * (e / 64u);
+            if (ch < p.dk) {
+                let at = (t0 + r) * hk + h * p.dk + ch;
+                if (r < nv) {
+                    x.x = w[at];
+                }
+                if (r + 1u < nv) {
+                    x.y = w[at + hk];
+                }
+                if (r + 2u < nv) {
+                    x.z = w[at + 2u * hk];
+                }
+                if (r + 3u < nv) {
+                    x.w = w[at + 3u * hk];
+                }
+            }
+        } else {
+            let ch = c0 + 4u * (e % 16u);
+            let r = e / 16u;
+            if (r < nv && ch < p.dk) {
+                let at = (t0 + r) * hk + h * p.dk + ch;
+                x = vec4<f32>(kg[at], kg[at + 1u], kg[at + 2u], kg[at + 3u]);
+            }
+        }
+        out[i] = x;
+    }
+    return out;
+}
+
 @compute @workgroup_size(256)
 fn kda_chunk_state(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -444,126 +513,153 @@ fn kda_chunk_state(
         st_s[c * 16u + cg] = x;
     }
     let nsl = (p.dk + 63u) / 64u;
-    workgroupBarrier();
+    var pf = st_fetch(0u, 0u, nsl, h, lid);
     for (var n = 0u; n < p.nchunks; n++) {
         let t0 = n * C;
         let nv = rows_in(n);
-        // U = u - w S_n: rows 4 q4 + i, columns col, col + 1.
+        var uin: array<vec2<f32>, 4>;
+        for (var ii = 0u; ii < 4u; ii++) {
+            let r = 4u * q4 + ii;
+            if (r < nv && live) {
+                let at = (t0 + r) * hk + h * p.dk + col;
+                uin[ii] = vec2<f32>(u[at], u[at + 1u]);
+            }
+        }
         var a0 = vec2<f32>(0.0);
         var a1 = vec2<f32>(0.0);
         var a2 = vec2<f32>(0.0);
         var a3 = vec2<f32>(0.0);
-        for (var sl = 0u; sl < nsl; sl++) {
-            let c0 = sl * 64u;
-            for (var e = lid; e < 1024u; e += WG) {
-                let cc = e % 64u;
-                let rq = e / 64u;
-                let ch = c0 + cc;
-                var x = vec4<f32>(0.0);
-                if (ch < p.dk) {
-                    let r = 4u * rq;
-                    let at = (t0 + r) * hk + h * p.dk + ch;
-                    if (r < nv) {
-                        x.x = w[at];
-                    }
-                    if (r + 1u < nv) {
-                        x.y = w[at + hk];
-                    }
-                    if (r + 2u < nv) {
-                        x.z = w[at + 2u * hk];
-                    }
-                    if (r + 3u < nv) {
-                        x.w = w[at + 3u * hk];
-                    }
-                }
-                st_t[cc * 17u + rq] = x;
-            }
-            workgroupBarrier();
-            let cn = min(64u, p.dk - c0);
-            for (var cc = 0u; cc < cn; cc++) {
-                let wq = st_t[cc * 17u + q4];
-                let s = st_s[(c0 + cc) * 16u + cg];
-                a0 += wq.x * s;
-                a1 += wq.y * s;
-                a2 += wq.z * s;
-                a3 += wq.w * s;
-            }
-            workgroupBarrier();
-        }
-        for (var ii = 0u; ii < 4u; ii++) {
-            let r = 4u * q4 + ii;
-            var acc = a0;
-            if (ii == 1u) {
-                acc = a1;
-            } else if (ii == 2u) {
-                acc = a2;
-            } else if (ii == 3u) {
-                acc = a3;
-            }
-            var uu = vec2<f32>(0.0);
-            if (r < nv && live) {
-                let at = (t0 + r) * hk + h * p.dk + col;
-                uu = vec2<f32>(u[at], u[at + 1u]) - acc;
-                u[at] = uu.x;
-                u[at + 1u] = uu.y;
-            }
-            st_u[r * 16u + cg] = uu;
-        }
-        // S = diag(e^Gamma_last) S_n + kg^T U: channels c0 + 4 q4 + i, columns col, col + 1.
         let glast = (t0 + nv - 1u) * hk + h * p.dk;
         let hb = (n * p.heads + h) * kv + col;
-        for (var sl = 0u; sl < nsl; sl++) {
-            let c0 = sl * 64u;
-            for (var e = lid; e < 1024u; e += WG) {
-                let cq = e % 16u;
-                let r = e / 16u;
-                let ch = c0 + 4u * cq;
-                var x = vec4<f32>(0.0);
-                if (r < nv && ch < p.dk) {
-                    let at = (t0 + r) * hk + h * p.dk + ch;
-                    x = vec4<f32>(kg[at], kg[at + 1u], kg[at + 2u], kg[at + 3u]);
+        for (var s = 0u; s < 2u * nsl; s++) {
+            workgroupBarrier();
+            let isw = s < nsl;
+            for (var i = 0u; i < 4u; i++) {
+                let e = lid + i * WG;
+                if (isw) {
+                    st_t[(e % 64u) * 17u + e / 64u] = pf[i];
+                } else {
+                    st_t[e] = pf[i];
                 }
-                st_t[e] = x;
             }
             workgroupBarrier();
-            let ch0 = c0 + 4u * q4;
-            if (ch0 < p.dk) {
-                var s0 = st_s[ch0 * 16u + cg];
-                var s1 = st_s[(ch0 + 1u) * 16u + cg];
-                var s2 = st_s[(ch0 + 2u) * 16u + cg];
-                var s3 = st_s[(ch0 + 3u) * 16u + cg];
-                if (live) {
-                    let at = hb + ch0 * p.dk;
-                    hs[at] = s0.x;
-                    hs[at + 1u] = s0.y;
-                    hs[at + p.dk] = s1.x;
-                    hs[at + p.dk + 1u] = s1.y;
-                    hs[at + 2u * p.dk] = s2.x;
-                    hs[at + 2u * p.dk + 1u] = s2.y;
-                    hs[at + 3u * p.dk] = s3.x;
-                    hs[at + 3u * p.dk + 1u] = s3.y;
-                }
-                let dec = exp(vec4<f32>(gam[glast + ch0], gam[glast + ch0 + 1u], gam[glast + ch0 + 2u], gam[glast + ch0 + 3u]));
-                s0 *= dec.x;
-                s1 *= dec.y;
-                s2 *= dec.z;
-                s3 *= dec.w;
-                for (var r = 0u; r < nv; r++) {
-                    let kq = st_t[r * 16u + q4];
-                    let uu = st_u[r * 16u + cg];
-                    s0 += kq.x * uu;
-                    s1 += kq.y * uu;
-                    s2 += kq.z * uu;
-                    s3 += kq.w * uu;
-                }
-                st_s[ch0 * 16u + cg] = s0;
-                st_s[(ch0 + 1u) * 16u + cg] = s1;
-                st_s[(ch0 + 2u) * 16u + cg] = s2;
-                st_s[(ch0 + 3u) * 16u + cg] = s3;
+            if (s + 1u < 2u * nsl) {
+                pf = st_fetch(n, s + 1u, nsl, h, lid);
+            } else {
+                pf = st_fetch(n + 1u, 0u, nsl, h, lid);
             }
-            workgroupBarrier();
+            if (isw) {
+                // A constant trip count (channels past K are zero in both tiles), 4 per step
+                // with the loads first.
+                let c0 = s * 64u;
+                for (var cc = 0u; cc < 64u; cc += 4u) {
+                    let w0 = st_t[cc * 17u + q4];
+                    let w1 = st_t[(cc + 1u) * 17u + q4];
+                    let w2 = st_t[(cc + 2u) * 17u + q4];
+                    let w3 = st_t[(cc + 3u) * 17u + q4];
+                    let sb = (c0 + cc) * 16u + cg;
+                    let s0 = st_s[sb];
+                    let s1 = st_s[sb + 16u];
+                    let s2 = st_s[sb + 32u];
+                    let s3 = st_s[sb + 48u];
+                    a0 += w0.x * s0;
+                    a1 += w0.y * s0;
+                    a2 += w0.z * s0;
+                    a3 += w0.w * s0;
+                    a0 += w1.x * s1;
+                    a1 += w1.y * s1;
+                    a2 += w1.z * s1;
+                    a3 += w1.w * s1;
+                    a0 += w2.x * s2;
+                    a1 += w2.y * s2;
+                    a2 += w2.z * s2;
+                    a3 += w2.w * s2;
+                    a0 += w3.x * s3;
+                    a1 += w3.y * s3;
+                    a2 += w3.z * s3;
+                    a3 += w3.w * s3;
+                }
+                if (s + 1u == nsl) {
+                    // U = u - w S_n (rows past the end and idle columns are 0).
+                    for (var ii = 0u; ii < 4u; ii++) {
+                        let r = 4u * q4 + ii;
+                        var acc = a0;
+                        if (ii == 1u) {
+                            acc = a1;
+                        } else if (ii == 2u) {
+                            acc = a2;
+                        } else if (ii == 3u) {
+                            acc = a3;
+                        }
+                        var uu = vec2<f32>(0.0);
+                        if (r < nv && live) {
+                            let at = (t0 + r) * hk + h * p.dk + col;
+                            uu = uin[ii] - acc;
+                            u[at] = uu.x;
+                            u[at + 1u] = uu.y;
+                        }
+                        st_u[r * 16u + cg] = uu;
+                    }
+                }
+            } else {
+                let ch0 = (s - nsl) * 64u + 4u * q4;
+                if (ch0 < p.dk) {
+                    var s0 = st_s[ch0 * 16u + cg];
+                    var s1 = st_s[(ch0 + 1u) * 16u + cg];
+                    var s2 = st_s[(ch0 + 2u) * 16u + cg];
+                    var s3 = st_s[(ch0 + 3u) * 16u + cg];
+                    if (live) {
+                        let at = hb + ch0 * p.dk;
+                        hs[at] = s0.x;
+                        hs[at + 1u] = s0.y;
+                        hs[at + p.dk] = s1.x;
+                        hs[at + p.dk + 1u] = s1.y;
+                        hs[at + 2u * p.dk] = s2.x;
+                        hs[at + 2u * p.dk + 1u] = s2.y;
+                        hs[at + 3u * p.dk] = s3.x;
+                        hs[at + 3u * p.dk + 1u] = s3.y;
+                    }
+                    let dec = exp(vec4<f32>(gam[glast + ch0], gam[glast + ch0 + 1u], gam[glast + ch0 + 2u], gam[glast + ch0 + 3u]));
+                    s0 *= dec.x;
+                    s1 *= dec.y;
+                    s2 *= dec.z;
+                    s3 *= dec.w;
+                    // Rows past the end are zero in both tiles: a constant trip count.
+                    for (var r = 0u; r < C; r += 4u) {
+                        let k0 = st_t[r * 16u + q4];
+                        let k1 = st_t[(r + 1u) * 16u + q4];
+                        let k2 = st_t[(r + 2u) * 16u + q4];
+                        let k3 = st_t[(r + 3u) * 16u + q4];
+                        let u0 = st_u[r * 16u + cg];
+                        let u1 = st_u[(r + 1u) * 16u + cg];
+                        let u2 = st_u[(r + 2u) * 16u + cg];
+                        let u3 = st_u[(r + 3u) * 16u + cg];
+                        s0 += k0.x * u0;
+                        s1 += k0.y * u0;
+                        s2 += k0.z * u0;
+                        s3 += k0.w * u0;
+                        s0 += k1.x * u1;
+                        s1 += k1.y * u1;
+                        s2 += k1.z * u1;
+                        s3 += k1.w * u1;
+                        s0 += k2.x * u2;
+                        s1 += k2.y * u2;
+                        s2 += k2.z * u2;
+                        s3 += k2.w * u2;
+                        s0 += k3.x * u3;
+                        s1 += k3.y * u3;
+                        s2 += k3.z * u3;
+                        s3 += k3.w * u3;
+                    }
+                    st_s[ch0 * 16u + cg] = s0;
+                    st_s[(ch0 + 1u) * 16u + cg] = s1;
+                    st_s[(ch0 + 2u) * 16u + cg] = s2;
+                    st_s[(ch0 + 3u) * 16u + cg] = s3;
+                }
+            }
         }
     }
+    workgroupBarrier();
     if (live) {
         for (var c = q4; c < p.dk; c += 16u) {
             let x = st_s[c * 16u + cg];
@@ -742,13 +838,31 @@ fn kda_chunk_out(
             so_b[kr * 16u + cq] = y;
         }
         workgroupBarrier();
-        for (var kk = 0u; kk < OKS; kk++) {
-            let a = so_a[kk * 17u + rg];
-            let b = so_b[kk * 16u + cg];
-            acc0 += a.x * b;
-            acc1 += a.y * b;
-            acc2 += a.z * b;
-            acc3 += a.w * b;
+        for (var kk = 0u; kk < OKS; kk += 4u) {
+            let x0 = so_a[kk * 17u + rg];
+            let x1 = so_a[(kk + 1u) * 17u + rg];
+            let x2 = so_a[(kk + 2u) * 17u + rg];
+            let x3 = so_a[(kk + 3u) * 17u + rg];
+            let b0 = so_b[kk * 16u + cg];
+            let b1 = so_b[(kk + 1u) * 16u + cg];
+            let b2 = so_b[(kk + 2u) * 16u + cg];
+            let b3 = so_b[(kk + 3u) * 16u + cg];
+            acc0 += x0.x * b0;
+            acc1 += x0.y * b0;
+            acc2 += x0.z * b0;
+            acc3 += x0.w * b0;
+            acc0 += x1.x * b1;
+            acc1 += x1.y * b1;
+            acc2 += x1.z * b1;
+            acc3 += x1.w * b1;
+            acc0 += x2.x * b2;
+            acc1 += x2.y * b2;
+            acc2 += x2.z * b2;
+            acc3 += x2.w * b2;
+            acc0 += x3.x * b3;
+            acc1 += x3.y * b3;
+            acc2 += x3.z * b3;
+            acc3 += x3.w * b3;
         }
         workgroupBarrier();
     }
