@@ -11,8 +11,9 @@
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
 //                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
-//                     (4 channels x 2 columns per thread); the next slice's loads are issued
-//                     before the current one is used.
+//                     (4 channels x 2 columns per thread).
+// In intra (phase 1), state and out the next staged slice's global loads are issued before the
+// current slice is used (one slice in flight in registers).
 // Inner loops run a constant trip count (tiles zero-filled past K and past the last row), 4
 // steps at a time with the loads first. Workgroup memory stays below 48 KiB per kernel
 // (NVIDIA's Vulkan limit: a 57 KiB kernel hung the H200; lavapipe runs kernels above the 32
@@ -165,6 +166,45 @@ fn put_block(a: u32, b: u32, i: u32, j: u32, x: vec2<f32>, nv: u32, abase: u32) 
     }
 }
 
+// The global loads of one phase-1 slice of kda_chunk_intra (thread = (row, channel quad)):
+// k, q, Gamma, Gamma of the row's sub-chunk reference and of the references 16, 32, 48.
+struct P1Raw {
+    k: vec4<f32>,
+    q: vec4<f32>,
+    g: vec4<f32>,
+    gn: vec4<f32>,
+    g1: vec4<f32>,
+    g2: vec4<f32>,
+    g3: vec4<f32>,
+}
+
+fn gam4(at: u32) -> vec4<f32> {
+    return vec4<f32>(gam[at], gam[at + 1u], gam[at + 2u], gam[at + 3u]);
+}
+
+fn p1_fetch(c0: u32, t0: u32, nv: u32, hk: u32, h: u32, lid: u32) -> P1Raw {
+    var x: P1Raw;
+    let r = lid / 2u;
+    if (lid < C * KS / 4u && c0 < p.dk && r < nv) {
+        let ch = h * p.dk + c0 + 4u * (lid % 2u);
+        let at = (t0 + r) * hk + ch;
+        x.k = vec4<f32>(k[at], k[at + 1u], k[at + 2u], k[at + 3u]);
+        x.q = vec4<f32>(q[at], q[at + 1u], q[at + 2u], q[at + 3u]);
+        x.g = gam4(at);
+        x.gn = gam4((t0 + (r / SUB) * SUB) * hk + ch);
+        if (r < SUB && SUB < nv) {
+            x.g1 = gam4((t0 + SUB) * hk + ch);
+        }
+        if (r < 2u * SUB && 2u * SUB < nv) {
+            x.g2 = gam4((t0 + 2u * SUB) * hk + ch);
+        }
+        if (r < 3u * SUB && 3u * SUB < nv) {
+            x.g3 = gam4((t0 + 3u * SUB) * hk + ch);
+        }
+    }
+    return x;
+}
+
 @compute @workgroup_size(256)
 fn kda_chunk_intra(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -196,43 +236,41 @@ fn kda_chunk_intra(
     var o30 = vec2<f32>(0.0);
     var o31 = vec2<f32>(0.0);
     var o32 = vec2<f32>(0.0);
+    var raw = p1_fetch(0u, t0, nv, hk, h, lid);
     for (var c0 = 0u; c0 < p.dk; c0 += KS) {
         if (lid < C * KS / 4u) {
-            // One (row, channel quad) per thread.
+            // One (row, channel quad) per thread, from the loads issued a slice earlier.
             let r = lid / 2u;
             let cq = lid % 2u;
-            let ch = h * p.dk + c0 + 4u * cq;
-            var kx = vec4<f32>(0.0);
-            var qx = vec4<f32>(0.0);
-            var gx = vec4<f32>(0.0);
-            var gn = vec4<f32>(0.0);
-            if (r < nv) {
-                let at = (t0 + r) * hk + ch;
-                kx = vec4<f32>(k[at], k[at + 1u], k[at + 2u], k[at + 3u]);
-                qx = vec4<f32>(q[at], q[at + 1u], q[at + 2u], q[at + 3u]);
-                gx = vec4<f32>(gam[at], gam[at + 1u], gam[at + 2u], gam[at + 3u]);
-                let an = (t0 + (r / SUB) * SUB) * hk + ch;
-                gn = vec4<f32>(gam[an], gam[an + 1u], gam[an + 2u], gam[an + 3u]);
-            }
+            let kx = raw.k;
+            let qx = raw.q;
+            let gx = raw.g;
             // Both exponents below are <= 0 for valid rows (Gamma is non-increasing).
-            let sc = exp(gx - gn);
+            let sc = exp(gx - raw.gn);
             let s = cq * 64u + r;
             sh_p[P_TK + s] = kx;
             sh_p[P_TQ + s] = qx;
             sh_p[P_TG + s] = gx;
             sh_p[P_LK + s] = kx * sc;
             sh_p[P_LQ + s] = qx * sc;
-            for (var a = 1u; a < 4u; a++) {
-                let n0 = a * SUB;
-                var val = vec4<f32>(0.0);
-                if (r < n0 && n0 < nv) {
-                    let an = (t0 + n0) * hk + ch;
-                    val = kx * exp(vec4<f32>(gam[an], gam[an + 1u], gam[an + 2u], gam[an + 3u]) - gx);
-                }
-                sh_p[P_RK + (a - 1u) * 128u + s] = val;
+            var v1 = vec4<f32>(0.0);
+            var v2 = vec4<f32>(0.0);
+            var v3 = vec4<f32>(0.0);
+            if (r < SUB && SUB < nv) {
+                v1 = kx * exp(raw.g1 - gx);
             }
+            if (r < 2u * SUB && 2u * SUB < nv) {
+                v2 = kx * exp(raw.g2 - gx);
+            }
+            if (r < 3u * SUB && 3u * SUB < nv) {
+                v3 = kx * exp(raw.g3 - gx);
+            }
+            sh_p[P_RK + s] = v1;
+            sh_p[P_RK + 128u + s] = v2;
+            sh_p[P_RK + 256u + s] = v3;
         }
         workgroupBarrier();
+        raw = p1_fetch(c0 + KS, t0, nv, hk, h, lid);
         for (var cq = 0u; cq < KS / 4u; cq++) {
             let base = cq * 64u;
             d0 += diag_pair(base, i, j);
@@ -758,6 +796,60 @@ const OKS: u32 = 32u;     // inner slice
 var<workgroup> so_a: array<vec4<f32>, 544>;  // [OKS, 17]: quads of 4 rows of the left operand (+ pad)
 var<workgroup> so_b: array<vec4<f32>, 512>;  // [OKS, 16]: quads of 4 columns of the right operand
 
+// Item e of slice s of kda_chunk_out's left operand: column kk = e % OKS of rows 4 rq .. 4 rq + 3,
+// rq = e / OKS (qg for s < nks, then A_qk).
+fn out_fetch_a(s: u32, e: u32, nks: u32, t0: u32, nv: u32, hk: u32, h: u32, abase: u32) -> vec4<f32> {
+    let kk = e % OKS;
+    let r = 4u * (e / OKS);
+    var x = vec4<f32>(0.0);
+    if (s < nks) {
+        let ch = s * OKS + kk;
+        if (ch < p.dk) {
+            let at = (t0 + r) * hk + h * p.dk + ch;
+            if (r < nv) {
+                x.x = qg[at];
+            }
+            if (r + 1u < nv) {
+                x.y = qg[at + hk];
+            }
+            if (r + 2u < nv) {
+                x.z = qg[at + 2u * hk];
+            }
+            if (r + 3u < nv) {
+                x.w = qg[at + 3u * hk];
+            }
+        }
+    } else {
+        let at = abase + r * C + (s - nks) * OKS + kk;
+        x = vec4<f32>(aqk[at], aqk[at + C], aqk[at + 2u * C], aqk[at + 3u * C]);
+    }
+    return x;
+}
+
+// Item e of slice s of the right operand: row kr = e / 16, columns v0 + 4 (e % 16) .. + 3 (S_n
+// for s < nks, then U).
+fn out_fetch_b(s: u32, e: u32, nks: u32, t0: u32, nv: u32, hk: u32, h: u32, nh: u32, v0: u32) -> vec4<f32> {
+    let kr = e / 16u;
+    let col = v0 + 4u * (e % 16u);
+    var y = vec4<f32>(0.0);
+    if (col < p.dk) {
+        if (s < nks) {
+            let ch = s * OKS + kr;
+            if (ch < p.dk) {
+                let at = nh * p.dk * p.dk + ch * p.dk + col;
+                y = vec4<f32>(hs[at], hs[at + 1u], hs[at + 2u], hs[at + 3u]);
+            }
+        } else {
+            let jr = (s - nks) * OKS + kr;
+            if (jr < nv) {
+                let at = (t0 + jr) * hk + h * p.dk + col;
+                y = vec4<f32>(u[at], u[at + 1u], u[at + 2u], u[at + 3u]);
+            }
+        }
+    }
+    return y;
+}
+
 @compute @workgroup_size(256)
 fn kda_chunk_out(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -785,57 +877,22 @@ fn kda_chunk_out(
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    for (var s = 0u; s < nks + C / OKS; s++) {
-        let isq = s < nks;
-        for (var e = lid; e < OKS * 16u; e += WG) {
-            // Left operand: column kk of rows 4 rq .. 4 rq + 3 (qg, then A_qk).
-            let kk = e % OKS;
-            let rq = e / OKS;
-            let r = 4u * rq;
-            var x = vec4<f32>(0.0);
-            if (isq) {
-                let ch = s * OKS + kk;
-                if (ch < p.dk) {
-                    let at = (t0 + r) * hk + h * p.dk + ch;
-                    if (r < nv) {
-                        x.x = qg[at];
-                    }
-                    if (r + 1u < nv) {
-                        x.y = qg[at + hk];
-                    }
-                    if (r + 2u < nv) {
-                        x.z = qg[at + 2u * hk];
-                    }
-                    if (r + 3u < nv) {
-                        x.w = qg[at + 3u * hk];
-                    }
-                }
-            } else {
-                let at = abase + r * C + (s - nks) * OKS + kk;
-                x = vec4<f32>(aqk[at], aqk[at + C], aqk[at + 2u * C], aqk[at + 3u * C]);
-            }
-            so_a[kk * 17u + rq] = x;
-            // Right operand: row kk, columns v0 + 4 cq .. + 3 (S_n, then U).
-            let cq = e % 16u;
-            let kr = e / 16u;
-            let col = v0 + 4u * cq;
-            var y = vec4<f32>(0.0);
-            if (col < p.dk) {
-                if (isq) {
-                    let ch = s * OKS + kr;
-                    if (ch < p.dk) {
-                        let at = nh * kv + ch * p.dk + col;
-                        y = vec4<f32>(hs[at], hs[at + 1u], hs[at + 2u], hs[at + 3u]);
-                    }
-                } else {
-                    let jr = (s - nks) * OKS + kr;
-                    if (jr < nv) {
-                        let at = (t0 + jr) * hk + h * p.dk + col;
-                        y = vec4<f32>(u[at], u[at + 1u], u[at + 2u], u[at + 3u]);
-                    }
-                }
-            }
-            so_b[kr * 16u + cq] = y;
+    let ns = nks + C / OKS;
+    var xa0 = out_fetch_a(0u, lid, nks, t0, nv, hk, h, abase);
+    var xa1 = out_fetch_a(0u, lid + WG, nks, t0, nv, hk, h, abase);
+    var yb0 = out_fetch_b(0u, lid, nks, t0, nv, hk, h, nh, v0);
+    var yb1 = out_fetch_b(0u, lid + WG, nks, t0, nv, hk, h, nh, v0);
+    for (var s = 0u; s < ns; s++) {
+        so_a[(lid % OKS) * 17u + lid / OKS] = xa0;
+        so_a[((lid + WG) % OKS) * 17u + (lid + WG) / OKS] = xa1;
+        so_b[lid] = yb0;
+        so_b[lid + WG] = yb1;
+        workgroupBarrier();
+        if (s + 1u < ns) {
+            xa0 = out_fetch_a(s + 1u, lid, nks, t0, nv, hk, h, abase);
+            xa1 = out_fetch_a(s + 1u, lid + WG, nks, t0, nv, hk, h, abase);
+            yb0 = out_fetch_b(s + 1u, lid, nks, t0, nv, hk, h, nh, v0);
+            yb1 = out_fetch_b(s + 1u, lid + WG, nks, t0, nv, hk, h, nh, v0);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < OKS; kk += 4u) {
