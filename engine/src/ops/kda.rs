@@ -579,9 +579,10 @@ pub enum ChunkPath {
 
 impl ChunkPath {
     /// The paths this adapter can run at this shape, the default first. The coop path (where
-    /// the adapter has 16x16x16 f16 cooperative matrices and subgroups and K <= 128) is 2.7x
-    /// faster on the H200 but its f16 operands put it at ~3e-4 relative error, above the
-    /// 1e-4 every KDA path is held to, so it is the default only with `K31_KDA_COOP=1`.
+    /// the adapter has 16x16x16 f16 cooperative matrices and subgroups and K <= 128) is now
+    /// 2.5x slower than the tiled SIMT path on the H200 (40.6 vs 16.4 ms at T = 8192, 96 x 128,
+    /// docs/perf.md) and its f16 operands put it at ~3e-4 relative error, above the 1e-4
+    /// every KDA path is held to, so it runs only with `K31_KDA_COOP=1`.
     pub fn available(gpu: &Gpu, geom: &KdaGeom) -> Vec<ChunkPath> {
         let coop = gpu.caps.coopmat && gpu.caps.subgroups && geom.head_dim <= COOP_KMAX && geom.head_dim % COOP_BV == 0;
         let prefer_coop = std::env::var("K31_KDA_COOP").is_ok_and(|v| v == "1");
