@@ -17,8 +17,9 @@
 //! * the same 8192 tokens token by token through the decode kernel (wall clock of one
 //!   submission), for the >= 20x comparison.
 //!
-//! Run: `cargo bench --bench kda -- [--quick] [--decode-only] [--json FILE]`
-//! (`--decode-only`: the decode section and its targets only).
+//! Run: `cargo bench --bench kda -- [--quick] [--decode-only | --prefill-only] [--json FILE]`
+//! (`--decode-only`: the decode section and its targets only; `--prefill-only`: everything
+//! but the decode timings).
 
 use k31_engine::bench::{copy_bandwidth, time_gpu, Row, Stamps};
 use k31_engine::config::KdaGate;
@@ -110,8 +111,9 @@ fn main() -> anyhow::Result<()> {
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
     let quick = args.iter().any(|a| a == "--quick");
     let decode_only = args.iter().any(|a| a == "--decode-only");
+    let prefill_only = args.iter().any(|a| a == "--prefill-only");
     let gpu = Gpu::open(None)?;
-    println!("GPU: {}  (coopmat: {})", gpu.describe(), gpu.caps.coopmat);
+    println!("GPU: {}  (coopmat: {}, workgroup memory limit {} B)", gpu.describe(), gpu.caps.coopmat, gpu.caps.max_workgroup_storage);
     let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
     println!("copy bandwidth (read+write, 1 GiB): {copy:.1} GB/s");
     let (heads, dk, t_len, layers, check_heads) = if quick { (4, 128, 512, 2, 2) } else { (96, 128, 8192, 16, 4) };
@@ -137,118 +139,120 @@ fn main() -> anyhow::Result<()> {
     let rings: Vec<_> = (0..layers).map(|_| gpu.storage_from("ring", &ring_data)).collect();
     let os: Vec<_> = (0..layers).map(|_| gpu.storage("o", (p * 4) as u64)).collect();
     let per_row = |name: String, t: f64| Row { name, time_us: t * 1e6, rate: 2.0 * state_bytes as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
-    // Same-shape ceiling: a copy of one state per pass, 16 distinct buffers.
-    let dsts: Vec<_> = (0..layers).map(|_| gpu.storage("copy dst", state_bytes as u64)).collect();
-    let t = time_gpu(&gpu, 3, 20, |enc, mut prof| {
-        for (s, d) in states.iter().zip(&dsts) {
-            k31_engine::ops::copy::copy(&gpu, enc, s, d, state_bytes as u64, prof.as_deref_mut())?;
-        }
-        Ok(())
-    })? / layers as f64;
-    let row = per_row(format!("copy of one state ({:.1} MB), pass each", state_bytes as f64 / 1e6), t);
-    row.print();
-    note(&mut extra, "copy_state_pass_each_us", t * 1e6);
-    rows.push(row);
-    // The same 16 copies in ONE pass: independent (own destinations) or ordered (ranges of one
-    // shared destination: wgpu tracks whole buffers, so it puts a barrier between them).
-    let copy_pipe = gpu.pipelines.get(&gpu, &k31_engine::ops::copy::COPY_VEC4)?;
-    let copy_uniform =
-        gpu.uniform("copy params", &k31_engine::ops::copy::CopyParams { words4: (state_bytes / 16) as u32, ..Default::default() });
-    let dst_all = gpu.storage("copy dst x layers", (layers * state_bytes) as u64);
     let mut copy_one_pass = [f64::NAN; 2];
-    for (i, (label, ordered)) in [("one pass, independent", false), ("one pass, ordered", true)].into_iter().enumerate() {
-        let binds: Vec<wgpu::BindGroup> = (0..layers)
-            .map(|l| {
-                let dst = if ordered {
-                    wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: &dst_all,
-                        offset: (l * state_bytes) as u64,
-                        size: std::num::NonZeroU64::new(state_bytes as u64),
-                    })
-                } else {
-                    dsts[l].as_entire_binding()
-                };
-                gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some("copy x layers"),
-                    layout: &copy_pipe.get_bind_group_layout(0),
-                    entries: &[
-                        wgpu::BindGroupEntry { binding: 0, resource: copy_uniform.as_entire_binding() },
-                        wgpu::BindGroupEntry { binding: 1, resource: states[l].as_entire_binding() },
-                        wgpu::BindGroupEntry { binding: 2, resource: dst },
-                    ],
-                })
-            })
-            .collect();
-        let (gx, gy) = gpu.grid((state_bytes / 16).div_ceil(256) as u32);
-        let t = time_one_pass(&gpu, 20, |enc, ts| {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("copy x layers"), timestamp_writes: ts });
-            pass.set_pipeline(&copy_pipe);
-            for b in &binds {
-                pass.set_bind_group(0, b, &[]);
-                pass.dispatch_workgroups(gx, gy, 1);
-            }
-            Ok(())
-        })? / layers as f64;
-        copy_one_pass[i] = t;
-        let row = per_row(format!("copy of one state, {label}"), t);
-        row.print();
-        note(&mut extra, &format!("copy_state_{}_us", if ordered { "one_pass_ordered" } else { "one_pass_independent" }), t * 1e6);
-        rows.push(row);
-    }
-    for dv in DecodeVariant::available(&gpu, &geom) {
+    if !prefill_only {
+        // Same-shape ceiling: a copy of one state per pass, 16 distinct buffers.
+        let dsts: Vec<_> = (0..layers).map(|_| gpu.storage("copy dst", state_bytes as u64)).collect();
         let t = time_gpu(&gpu, 3, 20, |enc, mut prof| {
-            for ((s, rg), o) in states.iter().zip(&rings).zip(&os) {
-                kda::decode_with(&gpu, enc, dv, &geom, 100, &inp, rg, s, o, prof.as_deref_mut())?;
+            for (s, d) in states.iter().zip(&dsts) {
+                k31_engine::ops::copy::copy(&gpu, enc, s, d, state_bytes as u64, prof.as_deref_mut())?;
             }
             Ok(())
         })? / layers as f64;
-        let row = per_row(format!("kda decode [{dv:?}] per layer, pass each"), t);
+        let row = per_row(format!("copy of one state ({:.1} MB), pass each", state_bytes as f64 / 1e6), t);
         row.print();
-        note(&mut extra, &format!("decode_{dv:?}_pass_each_us"), t * 1e6);
+        note(&mut extra, "copy_state_pass_each_us", t * 1e6);
         rows.push(row);
-        for (label, shared_o) in [("one pass, independent", false), ("one pass, ordered", true)] {
-            let t = time_one_pass(&gpu, 20, |enc, ts| {
-                let steps: Vec<DecodeStep> = (0..layers)
-                    .map(|l| DecodeStep {
-                        inp: KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &conv_w, a_log: &a_log, dt_bias: &dt_bias },
-                        ring: &rings[l],
-                        state: &states[l],
-                        o: if shared_o { &os[0] } else { &os[l] },
-                        pos: 100,
+        // The same 16 copies in ONE pass: independent (own destinations) or ordered (ranges of one
+        // shared destination: wgpu tracks whole buffers, so it puts a barrier between them).
+        let copy_pipe = gpu.pipelines.get(&gpu, &k31_engine::ops::copy::COPY_VEC4)?;
+        let copy_uniform =
+            gpu.uniform("copy params", &k31_engine::ops::copy::CopyParams { words4: (state_bytes / 16) as u32, ..Default::default() });
+        let dst_all = gpu.storage("copy dst x layers", (layers * state_bytes) as u64);
+        for (i, (label, ordered)) in [("one pass, independent", false), ("one pass, ordered", true)].into_iter().enumerate() {
+            let binds: Vec<wgpu::BindGroup> = (0..layers)
+                .map(|l| {
+                    let dst = if ordered {
+                        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                            buffer: &dst_all,
+                            offset: (l * state_bytes) as u64,
+                            size: std::num::NonZeroU64::new(state_bytes as u64),
+                        })
+                    } else {
+                        dsts[l].as_entire_binding()
+                    };
+                    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some("copy x layers"),
+                        layout: &copy_pipe.get_bind_group_layout(0),
+                        entries: &[
+                            wgpu::BindGroupEntry { binding: 0, resource: copy_uniform.as_entire_binding() },
+                            wgpu::BindGroupEntry { binding: 1, resource: states[l].as_entire_binding() },
+                            wgpu::BindGroupEntry { binding: 2, resource: dst },
+                        ],
                     })
-                    .collect();
-                kda::decode_one_pass(&gpu, enc, &geom, dv, &steps, ts)
+                })
+                .collect();
+            let (gx, gy) = gpu.grid((state_bytes / 16).div_ceil(256) as u32);
+            let t = time_one_pass(&gpu, 20, |enc, ts| {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("copy x layers"), timestamp_writes: ts });
+                pass.set_pipeline(&copy_pipe);
+                for b in &binds {
+                    pass.set_bind_group(0, b, &[]);
+                    pass.dispatch_workgroups(gx, gy, 1);
+                }
+                Ok(())
             })? / layers as f64;
-            let row = per_row(format!("kda decode [{dv:?}] per layer, {label}"), t);
+            copy_one_pass[i] = t;
+            let row = per_row(format!("copy of one state, {label}"), t);
             row.print();
-            let same = copy_one_pass[shared_o as usize];
-            println!("{:<48} {:>10}     same-size copy, {label}: {:.2} us -> decode at {:.1} % of it", "", "", same * 1e6, 100.0 * same / t);
-            note(&mut extra, &format!("decode_{dv:?}_{}_pct_of_same_copy", if shared_o { "one_pass_ordered" } else { "one_pass_independent" }), 100.0 * same / t);
-            note(&mut extra, &format!("decode_{dv:?}_{}_us", if shared_o { "one_pass_ordered" } else { "one_pass_independent" }), t * 1e6);
+            note(&mut extra, &format!("copy_state_{}_us", if ordered { "one_pass_ordered" } else { "one_pass_independent" }), t * 1e6);
             rows.push(row);
         }
+        for dv in DecodeVariant::available(&gpu, &geom) {
+            let t = time_gpu(&gpu, 3, 20, |enc, mut prof| {
+                for ((s, rg), o) in states.iter().zip(&rings).zip(&os) {
+                    kda::decode_with(&gpu, enc, dv, &geom, 100, &inp, rg, s, o, prof.as_deref_mut())?;
+                }
+                Ok(())
+            })? / layers as f64;
+            let row = per_row(format!("kda decode [{dv:?}] per layer, pass each"), t);
+            row.print();
+            note(&mut extra, &format!("decode_{dv:?}_pass_each_us"), t * 1e6);
+            rows.push(row);
+            for (label, shared_o) in [("one pass, independent", false), ("one pass, ordered", true)] {
+                let t = time_one_pass(&gpu, 20, |enc, ts| {
+                    let steps: Vec<DecodeStep> = (0..layers)
+                        .map(|l| DecodeStep {
+                            inp: KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &conv_w, a_log: &a_log, dt_bias: &dt_bias },
+                            ring: &rings[l],
+                            state: &states[l],
+                            o: if shared_o { &os[0] } else { &os[l] },
+                            pos: 100,
+                        })
+                        .collect();
+                    kda::decode_one_pass(&gpu, enc, &geom, dv, &steps, ts)
+                })? / layers as f64;
+                let row = per_row(format!("kda decode [{dv:?}] per layer, {label}"), t);
+                row.print();
+                let same = copy_one_pass[shared_o as usize];
+                println!("{:<48} {:>10}     same-size copy, {label}: {:.2} us -> decode at {:.1} % of it", "", "", same * 1e6, 100.0 * same / t);
+                note(&mut extra, &format!("decode_{dv:?}_{}_pct_of_same_copy", if shared_o { "one_pass_ordered" } else { "one_pass_independent" }), 100.0 * same / t);
+                note(&mut extra, &format!("decode_{dv:?}_{}_us", if shared_o { "one_pass_ordered" } else { "one_pass_independent" }), t * 1e6);
+                rows.push(row);
+            }
+        }
+        // Check: each decode variant vs prep + chunked prefill of the same single token, same ring
+        // and state.
+        for dv in DecodeVariant::available(&gpu, &geom) {
+            let s0 = rnd(heads * dk * dk, 0.1);
+            let (sa, sb) = (gpu.storage_from("sa", &s0), gpu.storage_from("sb", &s0));
+            let (ra, rb) = (gpu.storage_from("ra", &ring_data), gpu.storage_from("rb", &ring_data));
+            let (oa, ob) = (gpu.storage("oa", (p * 4) as u64), gpu.storage("ob", (p * 4) as u64));
+            let pre = Prepped::new(&gpu, &geom, 1);
+            let scratch = ChunkScratch::for_path(&gpu, &geom, 1, ChunkPath::Simt)?;
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            kda::decode_with(&gpu, &mut enc, dv, &geom, 100, &inp, &ra, &sa, &oa, None)?;
+            kda::prep(&gpu, &mut enc, &geom, 1, 100, &inp, &rb, &pre, None)?;
+            kda::chunk_prefill_with(&gpu, &mut enc, ChunkPath::Simt, &geom, &pre, &scratch, &sb, &ob, None)?;
+            gpu.queue.submit([enc.finish()]);
+            let (eo, _) = errors(&gpu.read::<f32>(&oa, p)?, &gpu.read::<f32>(&ob, p)?);
+            let (es, _) = errors(&gpu.read::<f32>(&sa, heads * dk * dk)?, &gpu.read::<f32>(&sb, heads * dk * dk)?);
+            println!("    check: decode [{dv:?}] vs chunked SIMT at T=1: o rel L2 {eo:.2e}, state rel L2 {es:.2e}");
+            note(&mut extra, &format!("decode_{dv:?}_check_o_rel_l2"), eo);
+            note(&mut extra, &format!("decode_{dv:?}_check_state_rel_l2"), es);
+        }
+        println!("    default decode variant here: {:?}", DecodeVariant::default_for(&gpu, &geom));
     }
-    // Check: each decode variant vs prep + chunked prefill of the same single token, same ring
-    // and state.
-    for dv in DecodeVariant::available(&gpu, &geom) {
-        let s0 = rnd(heads * dk * dk, 0.1);
-        let (sa, sb) = (gpu.storage_from("sa", &s0), gpu.storage_from("sb", &s0));
-        let (ra, rb) = (gpu.storage_from("ra", &ring_data), gpu.storage_from("rb", &ring_data));
-        let (oa, ob) = (gpu.storage("oa", (p * 4) as u64), gpu.storage("ob", (p * 4) as u64));
-        let pre = Prepped::new(&gpu, &geom, 1);
-        let scratch = ChunkScratch::for_path(&gpu, &geom, 1, ChunkPath::Simt)?;
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        kda::decode_with(&gpu, &mut enc, dv, &geom, 100, &inp, &ra, &sa, &oa, None)?;
-        kda::prep(&gpu, &mut enc, &geom, 1, 100, &inp, &rb, &pre, None)?;
-        kda::chunk_prefill_with(&gpu, &mut enc, ChunkPath::Simt, &geom, &pre, &scratch, &sb, &ob, None)?;
-        gpu.queue.submit([enc.finish()]);
-        let (eo, _) = errors(&gpu.read::<f32>(&oa, p)?, &gpu.read::<f32>(&ob, p)?);
-        let (es, _) = errors(&gpu.read::<f32>(&sa, heads * dk * dk)?, &gpu.read::<f32>(&sb, heads * dk * dk)?);
-        println!("    check: decode [{dv:?}] vs chunked SIMT at T=1: o rel L2 {eo:.2e}, state rel L2 {es:.2e}");
-        note(&mut extra, &format!("decode_{dv:?}_check_o_rel_l2"), eo);
-        note(&mut extra, &format!("decode_{dv:?}_check_state_rel_l2"), es);
-    }
-    println!("    default decode variant here: {:?}", DecodeVariant::default_for(&gpu, &geom));
 
     let want_us = 2.0 * state_bytes as f64 / (0.7 * copy * 1e9) * 1e6;
     let decode_targets = |extra: &serde_json::Map<String, serde_json::Value>| {
@@ -407,7 +411,9 @@ fn main() -> anyhow::Result<()> {
     note(&mut extra, "chunked_speedup", t_tok / t_best);
 
     // Targets (issue #4) against this run's numbers.
-    decode_targets(&extra);
+    if !prefill_only {
+        decode_targets(&extra);
+    }
     println!("prefill best path: {:.3} ms (target <= 2x fla chunk_kda, about 6.3 ms; fla measured 3.1 ms)", t_best * 1e3);
     println!("chunked vs token-by-token: {:.1}x (target >= 20x)", t_tok / t_best);
 

@@ -1,13 +1,27 @@
 // Chunked (WY/UT) KDA prefill, spec 4.4: chunks of C = 64 rows, all in f32.
 //   kda_chunk_cumsum: Gamma = within-chunk cumulative sum of g (in place).
-//   kda_chunk_intra:  per (chunk, head): A_kk, A_qk (sub-chunks of 16: pairwise exponents on
-//                     the diagonal blocks, the first row of the row's sub-chunk as reference
-//                     off the diagonal; never e^-Gamma alone), then the unit lower-triangular
-//                     solve (I + A_kk) X = diag(beta) [K e^Gamma | V] by forward substitution, giving w and u; also qg = q e^Gamma and
-//                     kg = k e^(Gamma_last - Gamma).
-//   kda_chunk_state:  per (head, tile of value columns), sequential over chunks:
-//                     keep S_n; U = u - w S_n;  S = diag(e^Gamma_last) S_n + kg^T U.
-//   kda_chunk_out:    per (chunk, head, tile), in parallel: O = qg S_n + A_qk U.
+//   kda_chunk_intra:  per (chunk, head): A_kk, A_qk on 16x16 blocks (pairwise exponents on the
+//                     diagonal blocks, the first row of the row's sub-chunk as reference off the
+//                     diagonal; never e^-Gamma alone; each thread one element of every block,
+//                     channels staged 8 at a time as vec4 quads), M = (I + diag(beta) A_kk)^-1 blockwise, then
+//                     [w | u] = M diag(beta) [K e^Gamma | V] as a register-tiled product (4x4 per
+//                     thread, 64-column slices staged); qg = q e^Gamma and kg = k e^(Gamma_last -
+//                     Gamma) on the way.
+//   kda_chunk_state:  per (head, tile of SBV value columns), sequential over chunks: keep S_n
+//                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
+//                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
+//                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
+//                     (4 channels x 2 columns per thread).
+// In intra (phase 1), state and out the next staged slice's global loads are issued before the
+// current slice is used (one slice in flight in registers).
+// Inner loops run a constant trip count (tiles zero-filled past K and past the last row), 4
+// steps at a time with the loads first. Workgroup memory stays below 48 KiB per kernel
+// (NVIDIA's Vulkan limit: a 57 KiB kernel hung the H200; lavapipe runs kernels above the 32
+// KiB it reports, so the tests do not catch an overrun). The host runs intra (f32 outputs),
+// state and out without wgpu's runtime bounds checks: every index is in range by
+// construction (global reads are guarded by row < nv and channel/column < K).
+//   kda_chunk_out:    per (chunk, head, tile of OVT columns), in parallel: O = [qg | A_qk] [S_n ; U]
+//                     as one register-tiled product (4x4 per thread, inner dimension in slices of 32).
 // The ragged last chunk uses only its valid rows (Gamma_last from the last valid row).
 //
 // Preconditions (checked on the host): K = V, a multiple of 16, <= 256; inputs come from
@@ -63,12 +77,7 @@ fn pack_f16x2(x: vec2<f32>) -> u32 {
 
 const WG: u32 = 256u;
 const C: u32 = 64u;       // chunk rows
-const KT: u32 = 16u;      // channels per staged tile in kda_chunk_intra
-// 16 columns x 16 row groups: 768 state-pass workgroups at 96 heads x 128 (one wave on a
-// 132-SM GPU), each thread with a short serial chain (4 rows of U, K/16 rows of S).
-const LANES: u32 = 16u;   // value columns per state / output workgroup
-const GROUPS: u32 = 16u;  // row groups per state / output workgroup
-const KMAX: u32 = 256u;
+const SUB: u32 = 16u;      // sub-chunk rows
 
 fn rows_in(n: u32) -> u32 {
     return min(C, p.t_len - n * C);
@@ -92,20 +101,109 @@ fn kda_chunk_cumsum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
     }
 }
 
-var<workgroup> sh_akk: array<f32, 4096>;     // [C, C] beta_r * A_kk, strictly lower
-// One workgroup array, two lives: while A_kk and A_qk are accumulated it holds the staged
-// channel tiles (offsets O_*), then M = (I + A_kk)^-1 [C, C] at 0 and a block product at O_T.
-var<workgroup> sh_big: array<f32, 7424>;
-const O_TK: u32 = 0u;        // [C, KT] k
-const O_TQ: u32 = 1024u;     // [C, KT] q
-const O_TG: u32 = 2048u;     // [C, KT] Gamma
-const O_LK: u32 = 3072u;     // [C, KT] k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
-const O_LQ: u32 = 4096u;     // [C, KT] q_r e^(Gamma_r - Gamma_n(r))
-const O_RK: u32 = 5120u;     // [3, 48, KT] k_j e^(Gamma_n - Gamma_j), n = 16, 32, 48, j < n
-const O_T: u32 = 4096u;      // [3, 16, 16] T_ab = sum_m A_am M_mb of one block distance
+
+// ---------------------------------------------------------------------------------------
+// kda_chunk_intra
+// Phase 1 staging in sh_p: [4 channel quads, 64 rows] of vec4 per operand (quad-major, so a
+// row's 4 channels are one vec4 load and consecutive rows are consecutive vec4s).
+const KS: u32 = 8u;          // channels per staged slice (2 quads)
+const P_TK: u32 = 0u;        // k
+const P_TQ: u32 = 128u;      // q
+const P_TG: u32 = 256u;      // Gamma
+const P_LK: u32 = 384u;      // k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
+const P_LQ: u32 = 512u;      // q_r e^(Gamma_r - Gamma_n(r))
+const P_RK: u32 = 640u;      // [3, 2, 64] k_j e^(Gamma_n - Gamma_j), n = 16, 32, 48, j < n
+// sh_p: the phase-1 staging, then (scalar view) M = (I + A)^-1 [C, C] (row-major, stride C).
+var<workgroup> sh_p: array<vec4<f32>, 1024>;
+// sh_a: A = diag(beta) A_kk [C, C] (scalar view) during the inverse, then the staged right-hand
+// side [C rows, 16 column quads] of [w | u] = M B.
+var<workgroup> sh_a: array<vec4<f32>, 1024>;
+var<workgroup> sh_t: array<f32, 768>;        // [3, 16, 16] block products of the inverse
 var<workgroup> sh_beta: array<f32, 64>;
 
-const SUB: u32 = 16u;     // sub-chunk rows
+fn a_get(e: u32) -> f32 {
+    return sh_a[e >> 2u][e & 3u];
+}
+
+fn a_set(e: u32, x: f32) {
+    sh_a[e >> 2u][e & 3u] = x;
+}
+
+fn m_get(e: u32) -> f32 {
+    return sh_p[e >> 2u][e & 3u];
+}
+
+fn m_set(e: u32, x: f32) {
+    sh_p[e >> 2u][e & 3u] = x;
+}
+
+// (k_i . kj', q_i . kj') over one channel quad (base = quad * 64) with kj' = k_j e^(Gamma_i -
+// Gamma_j) of one diagonal-block pair; the exponent is clamped at 0 (pairs j > i are masked).
+fn diag_pair(base: u32, ri: u32, rj: u32) -> vec2<f32> {
+    let kj = sh_p[P_TK + base + rj] * exp(min(sh_p[P_TG + base + ri] - sh_p[P_TG + base + rj], vec4<f32>(0.0)));
+    return vec2<f32>(dot(sh_p[P_TK + base + ri], kj), dot(sh_p[P_TQ + base + ri], kj));
+}
+
+fn off_pair(lk: vec4<f32>, lq: vec4<f32>, a: u32, base: u32, j: u32) -> vec2<f32> {
+    let rk = sh_p[P_RK + (a - 1u) * 128u + base + j];
+    return vec2<f32>(dot(lk, rk), dot(lq, rk));
+}
+
+// Block (a, b) of A_kk (beta-scaled, into sh_a) and A_qk (global, or staged in sh_p for packing) from thread
+// (i, j)'s accumulator `x` = (kk, qk); `diag`: a == b (mask j < i / j <= i), `zero`: b > a.
+fn put_block(a: u32, b: u32, i: u32, j: u32, x: vec2<f32>, nv: u32, abase: u32) {
+    let r = a * SUB + i;
+    let c = b * SUB + j;
+    let live = r < nv && b <= a;
+    let kk_ok = live && (b < a || j < i);
+    let qk_ok = live && (b < a || j <= i);
+    a_set(r * C + c, select(0.0, sh_beta[r] * x.x, kk_ok));
+    let qv = select(0.0, x.y, qk_ok);
+    if (HALF_OUT) {
+        m_set(r * C + c, qv);
+    } else {
+        aqk[abase + r * C + c] = qv;
+    }
+}
+
+// The global loads of one phase-1 slice of kda_chunk_intra (thread = (row, channel quad)):
+// k, q, Gamma, Gamma of the row's sub-chunk reference and of the references 16, 32, 48.
+struct P1Raw {
+    k: vec4<f32>,
+    q: vec4<f32>,
+    g: vec4<f32>,
+    gn: vec4<f32>,
+    g1: vec4<f32>,
+    g2: vec4<f32>,
+    g3: vec4<f32>,
+}
+
+fn gam4(at: u32) -> vec4<f32> {
+    return vec4<f32>(gam[at], gam[at + 1u], gam[at + 2u], gam[at + 3u]);
+}
+
+fn p1_fetch(c0: u32, t0: u32, nv: u32, hk: u32, h: u32, lid: u32) -> P1Raw {
+    var x: P1Raw;
+    let r = lid / 2u;
+    if (lid < C * KS / 4u && c0 < p.dk && r < nv) {
+        let ch = h * p.dk + c0 + 4u * (lid % 2u);
+        let at = (t0 + r) * hk + ch;
+        x.k = vec4<f32>(k[at], k[at + 1u], k[at + 2u], k[at + 3u]);
+        x.q = vec4<f32>(q[at], q[at + 1u], q[at + 2u], q[at + 3u]);
+        x.g = gam4(at);
+        x.gn = gam4((t0 + (r / SUB) * SUB) * hk + ch);
+        if (r < SUB && SUB < nv) {
+            x.g1 = gam4((t0 + SUB) * hk + ch);
+        }
+        if (r < 2u * SUB && 2u * SUB < nv) {
+            x.g2 = gam4((t0 + 2u * SUB) * hk + ch);
+        }
+        if (r < 3u * SUB && 3u * SUB < nv) {
+            x.g3 = gam4((t0 + 3u * SUB) * hk + ch);
+        }
+    }
+    return x;
+}
 
 @compute @workgroup_size(256)
 fn kda_chunk_intra(
@@ -123,117 +221,121 @@ fn kda_chunk_intra(
     let hk = p.heads * p.dk;
     let t0 = n * C;
     if (lid < C) {
-        sh_beta[lid] = select(0.0, beta[(t0 + lid) * p.heads + h], lid < nv);
+        sh_beta[lid] = select(0.0, beta[(t0 + min(lid, nv - 1u)) * p.heads + h], lid < nv);
     }
-    // Thread owns row r and columns j = jq, jq + 4, ...
-    let r = lid / 4u;
-    let jq = lid % 4u;
-    var akk: array<f32, 16>;
-    var aq: array<f32, 16>;
-    for (var c0 = 0u; c0 < p.dk; c0 += KT) {
-        for (var e = lid; e < C * KT; e += WG) {
-            let rr = e / KT;
-            let cc = e % KT;
-            let at = (t0 + rr) * hk + h * p.dk + c0 + cc;
-            let ok = rr < nv;
-            sh_big[O_TK + e] = select(0.0, k[at], ok);
-            sh_big[O_TQ + e] = select(0.0, q[at], ok);
-            sh_big[O_TG + e] = select(0.0, gam[at], ok);
+    // Phase 1: thread (i, j) accumulates element (16a + i, 16b + j) of every lower block (a, b).
+    let i = lid / SUB;
+    let j = lid % SUB;
+    var d0 = vec2<f32>(0.0);
+    var d1 = vec2<f32>(0.0);
+    var d2 = vec2<f32>(0.0);
+    var d3 = vec2<f32>(0.0);
+    var o10 = vec2<f32>(0.0);
+    var o20 = vec2<f32>(0.0);
+    var o21 = vec2<f32>(0.0);
+    var o30 = vec2<f32>(0.0);
+    var o31 = vec2<f32>(0.0);
+    var o32 = vec2<f32>(0.0);
+    var raw = p1_fetch(0u, t0, nv, hk, h, lid);
+    for (var c0 = 0u; c0 < p.dk; c0 += KS) {
+        if (lid < C * KS / 4u) {
+            // One (row, channel quad) per thread, from the loads issued a slice earlier.
+            let r = lid / 2u;
+            let cq = lid % 2u;
+            let kx = raw.k;
+            let qx = raw.q;
+            let gx = raw.g;
+            // Both exponents below are <= 0 for valid rows (Gamma is non-increasing).
+            let sc = exp(gx - raw.gn);
+            let s = cq * 64u + r;
+            sh_p[P_TK + s] = kx;
+            sh_p[P_TQ + s] = qx;
+            sh_p[P_TG + s] = gx;
+            sh_p[P_LK + s] = kx * sc;
+            sh_p[P_LQ + s] = qx * sc;
+            var v1 = vec4<f32>(0.0);
+            var v2 = vec4<f32>(0.0);
+            var v3 = vec4<f32>(0.0);
+            if (r < SUB && SUB < nv) {
+                v1 = kx * exp(raw.g1 - gx);
+            }
+            if (r < 2u * SUB && 2u * SUB < nv) {
+                v2 = kx * exp(raw.g2 - gx);
+            }
+            if (r < 3u * SUB && 3u * SUB < nv) {
+                v3 = kx * exp(raw.g3 - gx);
+            }
+            sh_p[P_RK + s] = v1;
+            sh_p[P_RK + 128u + s] = v2;
+            sh_p[P_RK + 256u + s] = v3;
         }
         workgroupBarrier();
-        // Sub-chunk references (spec 4.4): both exponents <= 0, so the off-diagonal blocks
-        // are plain dot products of pre-scaled rows, exact in range.
-        for (var e = lid; e < C * KT; e += WG) {
-            let rr = e / KT;
-            let cc = e % KT;
-            let gn = sh_big[O_TG + (rr / SUB) * SUB * KT + cc];
-            let sc = select(0.0, exp(sh_big[O_TG + e] - gn), rr < nv);
-            sh_big[O_LK + e] = sh_big[O_TK + e] * sc;
-            sh_big[O_LQ + e] = sh_big[O_TQ + e] * sc;
-        }
-        for (var e = lid; e < 3u * 48u * KT; e += WG) {
-            let a = e / (48u * KT) + 1u;
-            let jj = (e / KT) % 48u;
-            let cc = e % KT;
-            let n0 = a * SUB;
-            var val = 0.0;
-            if (jj < n0 && n0 < nv) {
-                val = sh_big[O_TK + jj * KT + cc] * exp(sh_big[O_TG + n0 * KT + cc] - sh_big[O_TG + jj * KT + cc]);
-            }
-            sh_big[O_RK + e] = val;
-        }
-        workgroupBarrier();
-        if (r < nv) {
-            let a = r / SUB;
-            // This thread's row of the pre-scaled tiles, read once per tile (not once per j).
-            var lkr: array<f32, KT>;
-            var lqr: array<f32, KT>;
-            for (var cc = 0u; cc < KT; cc++) {
-                lkr[cc] = sh_big[O_LK + r * KT + cc];
-                lqr[cc] = sh_big[O_LQ + r * KT + cc];
-            }
-            for (var m = 0u; m < 16u; m++) {
-                let j = jq + 4u * m;
-                if (j <= r) {
-                    var sk = 0.0;
-                    var sq = 0.0;
-                    if (j / SUB == a) {
-                        for (var cc = 0u; cc < KT; cc++) {
-                            // Diagonal block: pairwise exponent Gamma_r - Gamma_j <= 0.
-                            let kj = sh_big[O_TK + j * KT + cc] * exp(sh_big[O_TG + r * KT + cc] - sh_big[O_TG + j * KT + cc]);
-                            sk += sh_big[O_TK + r * KT + cc] * kj;
-                            sq += sh_big[O_TQ + r * KT + cc] * kj;
-                        }
-                    } else {
-                        let rb = ((a - 1u) * 48u + j) * KT;
-                        for (var cc = 0u; cc < KT; cc++) {
-                            let kj = sh_big[O_RK + rb + cc];
-                            sk += lkr[cc] * kj;
-                            sq += lqr[cc] * kj;
-                        }
-                    }
-                    akk[m] += sk;
-                    aq[m] += sq;
-                }
-            }
+        raw = p1_fetch(c0 + KS, t0, nv, hk, h, lid);
+        for (var cq = 0u; cq < KS / 4u; cq++) {
+            let base = cq * 64u;
+            d0 += diag_pair(base, i, j);
+            d1 += diag_pair(base, SUB + i, SUB + j);
+            d2 += diag_pair(base, 2u * SUB + i, 2u * SUB + j);
+            d3 += diag_pair(base, 3u * SUB + i, 3u * SUB + j);
+            let lk1 = sh_p[P_LK + base + SUB + i];
+            let lq1 = sh_p[P_LQ + base + SUB + i];
+            let lk2 = sh_p[P_LK + base + 2u * SUB + i];
+            let lq2 = sh_p[P_LQ + base + 2u * SUB + i];
+            let lk3 = sh_p[P_LK + base + 3u * SUB + i];
+            let lq3 = sh_p[P_LQ + base + 3u * SUB + i];
+            o10 += off_pair(lk1, lq1, 1u, base, j);
+            o20 += off_pair(lk2, lq2, 2u, base, j);
+            o21 += off_pair(lk2, lq2, 2u, base, SUB + j);
+            o30 += off_pair(lk3, lq3, 3u, base, j);
+            o31 += off_pair(lk3, lq3, 3u, base, SUB + j);
+            o32 += off_pair(lk3, lq3, 3u, base, 2u * SUB + j);
         }
         workgroupBarrier();
     }
+    // Phase 2: A = diag(beta) A_kk (strictly lower) into sh_a, A_qk (lower, with diagonal) out;
+    // every block is written (zeros above the diagonal blocks and in rows past the end).
     let abase = id * C * C;
-    for (var m = 0u; m < 16u; m++) {
-        let j = jq + 4u * m;
-        let live = r < nv && j <= r;
-        sh_akk[r * C + j] = select(0.0, sh_beta[r] * akk[m], live && j < r);
-        if (HALF_OUT) {
-            sh_big[r * C + j] = select(0.0, aq[m], live);
-        } else {
-            aqk[abase + r * C + j] = select(0.0, aq[m], live);
-        }
-    }
+    let z = vec2<f32>(0.0);
+    put_block(0u, 0u, i, j, d0, nv, abase);
+    put_block(0u, 1u, i, j, z, nv, abase);
+    put_block(0u, 2u, i, j, z, nv, abase);
+    put_block(0u, 3u, i, j, z, nv, abase);
+    put_block(1u, 0u, i, j, o10, nv, abase);
+    put_block(1u, 1u, i, j, d1, nv, abase);
+    put_block(1u, 2u, i, j, z, nv, abase);
+    put_block(1u, 3u, i, j, z, nv, abase);
+    put_block(2u, 0u, i, j, o20, nv, abase);
+    put_block(2u, 1u, i, j, o21, nv, abase);
+    put_block(2u, 2u, i, j, d2, nv, abase);
+    put_block(2u, 3u, i, j, z, nv, abase);
+    put_block(3u, 0u, i, j, o30, nv, abase);
+    put_block(3u, 1u, i, j, o31, nv, abase);
+    put_block(3u, 2u, i, j, o32, nv, abase);
+    put_block(3u, 3u, i, j, d3, nv, abase);
     workgroupBarrier();
     if (HALF_OUT) {
         // A_qk leaves as f16 pairs (adjacent columns come from different threads: staged).
         for (var e = lid; e < C * C / 2u; e += WG) {
-            aqk16[abase / 2u + e] = pack_f16x2(vec2<f32>(sh_big[2u * e], sh_big[2u * e + 1u]));
+            aqk16[abase / 2u + e] = pack_f16x2(vec2<f32>(m_get(2u * e), m_get(2u * e + 1u)));
         }
         workgroupBarrier();
     }
-    // M = (I + A)^-1 (A = sh_akk, strictly lower, rows scaled by beta), blockwise in f32 (spec
-    // 4.4): the 16x16 diagonal blocks by forward substitution, then the blocks at distance
-    // d = 1, 2, 3 below the diagonal: M_ab = -M_aa sum_{m=b}^{a-1} A_am M_mb.
+    // Phase 3: M = (I + A)^-1 (A strictly lower), blockwise in f32 (spec 4.4): the 16x16
+    // diagonal blocks by forward substitution, then the blocks at distance d = 1, 2, 3 below
+    // the diagonal: M_ab = -M_aa sum_{m=b}^{a-1} A_am M_mb.
     for (var e = lid; e < C * C; e += WG) {
-        sh_big[e] = select(0.0, 1.0, e / C == e % C);
+        m_set(e, select(0.0, 1.0, e / C == e % C));
     }
     workgroupBarrier();
     if (lid < C) {
         let r0 = (lid / SUB) * SUB;
-        let j = lid % SUB;
-        for (var i = j + 1u; i < SUB; i++) {
-            var acc = -sh_akk[(r0 + i) * C + r0 + j];
-            for (var m = j + 1u; m < i; m++) {
-                acc -= sh_akk[(r0 + i) * C + r0 + m] * sh_big[(r0 + m) * C + r0 + j];
+        let jj = lid % SUB;
+        for (var ii = jj + 1u; ii < SUB; ii++) {
+            var acc = -a_get((r0 + ii) * C + r0 + jj);
+            for (var m = jj + 1u; m < ii; m++) {
+                acc -= a_get((r0 + ii) * C + r0 + m) * m_get((r0 + m) * C + r0 + jj);
             }
-            sh_big[(r0 + i) * C + r0 + j] = acc;
+            m_set((r0 + ii) * C + r0 + jj, acc);
         }
     }
     workgroupBarrier();
@@ -242,146 +344,382 @@ fn kda_chunk_intra(
         for (var e = lid; e < nb * SUB * SUB; e += WG) {
             let b = e / (SUB * SUB);
             let a = b + d;
-            let i = (e / SUB) % SUB;
-            let j = e % SUB;
+            let ii = (e / SUB) % SUB;
+            let jj = e % SUB;
             var acc = 0.0;
             for (var m = b * SUB; m < a * SUB; m++) {
-                acc += sh_akk[(a * SUB + i) * C + m] * sh_big[m * C + b * SUB + j];
+                acc += a_get((a * SUB + ii) * C + m) * m_get(m * C + b * SUB + jj);
             }
-            sh_big[O_T + e] = acc;
+            sh_t[e] = acc;
         }
         workgroupBarrier();
         for (var e = lid; e < nb * SUB * SUB; e += WG) {
             let b = e / (SUB * SUB);
             let a = b + d;
-            let i = (e / SUB) % SUB;
-            let j = e % SUB;
+            let ii = (e / SUB) % SUB;
+            let jj = e % SUB;
             var acc = 0.0;
-            for (var m = 0u; m <= i; m++) {
-                acc += sh_big[(a * SUB + i) * C + a * SUB + m] * sh_big[O_T + b * SUB * SUB + m * SUB + j];
+            for (var m = 0u; m <= ii; m++) {
+                acc += m_get((a * SUB + ii) * C + a * SUB + m) * sh_t[b * SUB * SUB + m * SUB + jj];
             }
-            sh_big[(a * SUB + i) * C + b * SUB + j] = -acc;
+            m_set((a * SUB + ii) * C + b * SUB + jj, -acc);
         }
         workgroupBarrier();
     }
-    // [w | u] = M diag(beta) [K e^Gamma | V], one column per thread: the column's rows are
-    // loaded up front (independent loads), then a dense lower-triangular product; qg and kg
-    // on the way.
+    // Phase 4: [w | u] = M B, B = diag(beta) [K e^Gamma | V], in slices of 64 columns (first
+    // the K/64 slices of w, then those of u). The staging threads also write qg and kg.
+    // Thread (rg, cg): rows 4 rg .. 4 rg + 3, columns 4 cg .. 4 cg + 3 of the slice.
     let glast = (t0 + nv - 1u) * hk + h * p.dk;
-    if (HALF_OUT) {
-        // Items 0 .. V-1: columns of u (f32, as below); V .. V + K/2 - 1: pairs of adjacent
-        // key channels, so w, qg and kg leave as packed f16 pairs.
-        for (var item = lid; item < p.dk + p.dk / 2u; item += WG) {
-            if (item < p.dk) {
-                var bcol: array<f32, 64>;
-                for (var rr = 0u; rr < C; rr++) {
-                    var x = 0.0;
-                    if (rr < nv) {
-                        x = v[(t0 + rr) * hk + h * p.dk + item];
-                    }
-                    bcol[rr] = sh_beta[rr] * x;
-                }
-                for (var rr = 0u; rr < nv; rr++) {
-                    var acc = 0.0;
-                    for (var mb = 0u; mb < C / SUB; mb++) {
-                        if (mb * SUB <= rr) {
-                            for (var mi = 0u; mi < SUB; mi++) {
-                                acc += sh_big[rr * C + mb * SUB + mi] * bcol[mb * SUB + mi];
-                            }
-                        }
-                    }
-                    u[(t0 + rr) * hk + h * p.dk + item] = acc;
-                }
-            } else {
-                let c0 = 2u * (item - p.dk);
-                var b0: array<f32, 64>;
-                var b1: array<f32, 64>;
-                let gl0 = gam[glast + c0];
-                let gl1 = gam[glast + c0 + 1u];
-                for (var rr = 0u; rr < C; rr++) {
-                    var x = vec2<f32>(0.0);
-                    if (rr < nv) {
-                        let at = (t0 + rr) * hk + h * p.dk + c0;
-                        let gr = vec2<f32>(gam[at], gam[at + 1u]);
-                        let kv = vec2<f32>(k[at], k[at + 1u]);
-                        let eg = exp(gr);
-                        x = kv * eg;
-                        qg16[at / 2u] = pack_f16x2(vec2<f32>(q[at], q[at + 1u]) * eg);
-                        kg16[at / 2u] = pack_f16x2(kv * exp(vec2<f32>(gl0, gl1) - gr));
-                    }
-                    b0[rr] = sh_beta[rr] * x.x;
-                    b1[rr] = sh_beta[rr] * x.y;
-                }
-                for (var rr = 0u; rr < nv; rr++) {
-                    var acc = vec2<f32>(0.0);
-                    for (var mb = 0u; mb < C / SUB; mb++) {
-                        if (mb * SUB <= rr) {
-                            for (var mi = 0u; mi < SUB; mi++) {
-                                let mm = sh_big[rr * C + mb * SUB + mi];
-                                acc += mm * vec2<f32>(b0[mb * SUB + mi], b1[mb * SUB + mi]);
-                            }
-                        }
-                    }
-                    w16[((t0 + rr) * hk + h * p.dk + c0) / 2u] = pack_f16x2(acc);
-                }
-            }
-        }
-        return;
-    }
-    for (var col = lid; col < 2u * p.dk; col += WG) {
-        var bcol: array<f32, 64>;
-        let isk = col < p.dk;
-        let cc = select(col - p.dk, col, isk);
-        var gl = 0.0;
-        if (isk) {
-            gl = gam[glast + cc];
-        }
-        for (var rr = 0u; rr < C; rr++) {
-            var x = 0.0;
-            if (rr < nv) {
-                let at = (t0 + rr) * hk + h * p.dk + cc;
+    let nsl = (p.dk + 63u) / 64u;
+    let rg = lid / 16u;
+    let cg = lid % 16u;
+    let r0 = 4u * rg;
+    let mend4 = (min(r0 + 4u, nv) + 3u) & ~3u;
+    for (var s = 0u; s < 2u * nsl; s++) {
+        let isk = s < nsl;
+        let cb = select(s - nsl, s, isk) * 64u;
+        for (var e = lid; e < C * 32u; e += WG) {
+            let m = e / 32u;
+            let c2 = (e % 32u) * 2u;
+            let col = cb + c2;
+            var x = vec2<f32>(0.0);
+            if (m < nv && col < p.dk) {
+                let at = (t0 + m) * hk + h * p.dk + col;
                 if (isk) {
-                    let gr = gam[at];
-                    let kv = k[at];
+                    let gr = vec2<f32>(gam[at], gam[at + 1u]);
+                    let kv = vec2<f32>(k[at], k[at + 1u]);
                     let eg = exp(gr);
                     x = kv * eg;
-                    qg[at] = q[at] * eg;
-                    kg[at] = kv * exp(gl - gr);
+                    let qgv = vec2<f32>(q[at], q[at + 1u]) * eg;
+                    let kgv = kv * exp(vec2<f32>(gam[glast + col], gam[glast + col + 1u]) - gr);
+                    if (HALF_OUT) {
+                        qg16[at / 2u] = pack_f16x2(qgv);
+                        kg16[at / 2u] = pack_f16x2(kgv);
+                    } else {
+                        qg[at] = qgv.x;
+                        qg[at + 1u] = qgv.y;
+                        kg[at] = kgv.x;
+                        kg[at + 1u] = kgv.y;
+                    }
                 } else {
-                    x = v[at];
+                    x = vec2<f32>(v[at], v[at + 1u]);
                 }
             }
-            bcol[rr] = sh_beta[rr] * x;
+            x *= sh_beta[m];
+            let qd = m * 16u + c2 / 4u;
+            sh_a[qd][c2 % 4u] = x.x;
+            sh_a[qd][c2 % 4u + 1u] = x.y;
         }
-        for (var rr = 0u; rr < nv; rr++) {
-            var acc = 0.0;
-            for (var mb = 0u; mb < C / SUB; mb++) {
-                if (mb * SUB <= rr) {
-                    for (var mi = 0u; mi < SUB; mi++) {
-                        acc += sh_big[rr * C + mb * SUB + mi] * bcol[mb * SUB + mi];
+        workgroupBarrier();
+        var acc0 = vec4<f32>(0.0);
+        var acc1 = vec4<f32>(0.0);
+        var acc2 = vec4<f32>(0.0);
+        var acc3 = vec4<f32>(0.0);
+        // M is lower triangular: rows < nv need m <= row only.
+        // 4 m per step: M's rows as vec4s (M[r][m] = 0 for m > r, B's rows past the end are 0).
+        for (var m = 0u; m < mend4; m += 4u) {
+            let b0 = sh_a[m * 16u + cg];
+            let b1 = sh_a[(m + 1u) * 16u + cg];
+            let b2 = sh_a[(m + 2u) * 16u + cg];
+            let b3 = sh_a[(m + 3u) * 16u + cg];
+            let m0 = sh_p[(r0 * C + m) / 4u];
+            let m1 = sh_p[((r0 + 1u) * C + m) / 4u];
+            let m2 = sh_p[((r0 + 2u) * C + m) / 4u];
+            let m3 = sh_p[((r0 + 3u) * C + m) / 4u];
+            acc0 += m0.x * b0 + m0.y * b1 + m0.z * b2 + m0.w * b3;
+            acc1 += m1.x * b0 + m1.y * b1 + m1.z * b2 + m1.w * b3;
+            acc2 += m2.x * b0 + m2.y * b1 + m2.z * b2 + m2.w * b3;
+            acc3 += m3.x * b0 + m3.y * b1 + m3.z * b2 + m3.w * b3;
+        }
+        let col = cb + 4u * cg;
+        if (col < p.dk) {
+            let at0 = (t0 + r0) * hk + h * p.dk + col;
+            for (var ii = 0u; ii < 4u; ii++) {
+                if (r0 + ii < nv) {
+                    var y = acc0;
+                    if (ii == 1u) {
+                        y = acc1;
+                    } else if (ii == 2u) {
+                        y = acc2;
+                    } else if (ii == 3u) {
+                        y = acc3;
+                    }
+                    let at = at0 + ii * hk;
+                    if (!isk) {
+                        u[at] = y.x;
+                        u[at + 1u] = y.y;
+                        u[at + 2u] = y.z;
+                        u[at + 3u] = y.w;
+                    } else if (HALF_OUT) {
+                        w16[at / 2u] = pack_f16x2(y.xy);
+                        w16[at / 2u + 1u] = pack_f16x2(y.zw);
+                    } else {
+                        w[at] = y.x;
+                        w[at + 1u] = y.y;
+                        w[at + 2u] = y.z;
+                        w[at + 3u] = y.w;
                     }
                 }
             }
-            let at = (t0 + rr) * hk + h * p.dk + cc;
-            if (isk) {
-                w[at] = acc;
-            } else {
-                u[at] = acc;
+        }
+        workgroupBarrier();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// kda_chunk_state: one workgroup per (head, tile of SBV value columns), sequential over chunks.
+const SBV: u32 = 32u;     // value columns per state workgroup (16 column pairs)
+var<workgroup> st_s: array<vec2<f32>, 2048>;  // [K, 16] state tile S_n (K <= 128)
+// W^T slice [64 channels, 17 (16 row quads + pad)] in the U phase, kg slice [64 rows, 16
+// channel quads] in the S phase.
+var<workgroup> st_t: array<vec4<f32>, 1088>;
+var<workgroup> st_u: array<vec2<f32>, 1024>;  // [C, 16] U of the chunk
+
+@group(0) @binding(13) var<storage, read_write> hs: array<f32>;  // [N, H, K, V] state before each chunk
+
+// The global loads of the next staged slice are issued before the current one is used
+// (one register slice in flight): stages per chunk are the nsl w^T slices, then the nsl kg ones.
+fn st_fetch(n: u32, s: u32, nsl: u32, h: u32, lid: u32) -> array<vec4<f32>, 4> {
+    var out: array<vec4<f32>, 4>;
+    if (n >= p.nchunks) {
+        return out;
+    }
+    let hk = p.heads * p.dk;
+    let t0 = n * C;
+    let nv = rows_in(n);
+    let isw = s < nsl;
+    let c0 = select(s - nsl, s, isw) * 64u;
+    for (var i = 0u; i < 4u; i++) {
+        let e = lid + i * WG;
+        var x = vec4<f32>(0.0);
+        if (isw) {
+            let ch = c0 + e % 64u;
+            let r = 4u * (e / 64u);
+            if (ch < p.dk) {
+                let at = (t0 + r) * hk + h * p.dk + ch;
+                if (r < nv) {
+                    x.x = w[at];
+                }
+                if (r + 1u < nv) {
+                    x.y = w[at + hk];
+                }
+                if (r + 2u < nv) {
+                    x.z = w[at + 2u * hk];
+                }
+                if (r + 3u < nv) {
+                    x.w = w[at + 3u * hk];
+                }
             }
+        } else {
+            let ch = c0 + 4u * (e % 16u);
+            let r = e / 16u;
+            if (r < nv && ch < p.dk) {
+                let at = (t0 + r) * hk + h * p.dk + ch;
+                x = vec4<f32>(kg[at], kg[at + 1u], kg[at + 2u], kg[at + 3u]);
+            }
+        }
+        out[i] = x;
+    }
+    return out;
+}
+
+@compute @workgroup_size(256)
+fn kda_chunk_state(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let tiles = (p.dk + SBV - 1u) / SBV;
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.heads * tiles) {
+        return;
+    }
+    let h = id / tiles;
+    let v0 = (id % tiles) * SBV;
+    let hk = p.heads * p.dk;
+    let kv = p.dk * p.dk;
+    let cg = lid % 16u;       // column pair
+    let q4 = lid / 16u;       // U phase: rows 4 q4 ..; S phase: channels 4 q4 .. of the slice
+    let col = v0 + 2u * cg;
+    let live = col < p.dk;    // V is a multiple of 16: both columns or neither
+    for (var c = q4; c < p.dk; c += 16u) {
+        var x = vec2<f32>(0.0);
+        if (live) {
+            let at = h * kv + c * p.dk + col;
+            x = vec2<f32>(state[at], state[at + 1u]);
+        }
+        st_s[c * 16u + cg] = x;
+    }
+    let nsl = (p.dk + 63u) / 64u;
+    var pf = st_fetch(0u, 0u, nsl, h, lid);
+    for (var n = 0u; n < p.nchunks; n++) {
+        let t0 = n * C;
+        let nv = rows_in(n);
+        var uin: array<vec2<f32>, 4>;
+        for (var ii = 0u; ii < 4u; ii++) {
+            let r = 4u * q4 + ii;
+            if (r < nv && live) {
+                let at = (t0 + r) * hk + h * p.dk + col;
+                uin[ii] = vec2<f32>(u[at], u[at + 1u]);
+            }
+        }
+        var a0 = vec2<f32>(0.0);
+        var a1 = vec2<f32>(0.0);
+        var a2 = vec2<f32>(0.0);
+        var a3 = vec2<f32>(0.0);
+        let glast = (t0 + nv - 1u) * hk + h * p.dk;
+        let hb = (n * p.heads + h) * kv + col;
+        for (var s = 0u; s < 2u * nsl; s++) {
+            workgroupBarrier();
+            let isw = s < nsl;
+            for (var i = 0u; i < 4u; i++) {
+                let e = lid + i * WG;
+                if (isw) {
+                    st_t[(e % 64u) * 17u + e / 64u] = pf[i];
+                } else {
+                    st_t[e] = pf[i];
+                }
+            }
+            workgroupBarrier();
+            if (s + 1u < 2u * nsl) {
+                pf = st_fetch(n, s + 1u, nsl, h, lid);
+            } else {
+                pf = st_fetch(n + 1u, 0u, nsl, h, lid);
+            }
+            if (isw) {
+                // A constant trip count (channels past K are zero in both tiles), 4 per step
+                // with the loads first.
+                let c0 = s * 64u;
+                for (var cc = 0u; cc < 64u; cc += 4u) {
+                    let w0 = st_t[cc * 17u + q4];
+                    let w1 = st_t[(cc + 1u) * 17u + q4];
+                    let w2 = st_t[(cc + 2u) * 17u + q4];
+                    let w3 = st_t[(cc + 3u) * 17u + q4];
+                    let sb = (c0 + cc) * 16u + cg;
+                    let s0 = st_s[sb];
+                    let s1 = st_s[sb + 16u];
+                    let s2 = st_s[sb + 32u];
+                    let s3 = st_s[sb + 48u];
+                    a0 += w0.x * s0;
+                    a1 += w0.y * s0;
+                    a2 += w0.z * s0;
+                    a3 += w0.w * s0;
+                    a0 += w1.x * s1;
+                    a1 += w1.y * s1;
+                    a2 += w1.z * s1;
+                    a3 += w1.w * s1;
+                    a0 += w2.x * s2;
+                    a1 += w2.y * s2;
+                    a2 += w2.z * s2;
+                    a3 += w2.w * s2;
+                    a0 += w3.x * s3;
+                    a1 += w3.y * s3;
+                    a2 += w3.z * s3;
+                    a3 += w3.w * s3;
+                }
+                if (s + 1u == nsl) {
+                    // U = u - w S_n (rows past the end and idle columns are 0).
+                    for (var ii = 0u; ii < 4u; ii++) {
+                        let r = 4u * q4 + ii;
+                        var acc = a0;
+                        if (ii == 1u) {
+                            acc = a1;
+                        } else if (ii == 2u) {
+                            acc = a2;
+                        } else if (ii == 3u) {
+                            acc = a3;
+                        }
+                        var uu = vec2<f32>(0.0);
+                        if (r < nv && live) {
+                            let at = (t0 + r) * hk + h * p.dk + col;
+                            uu = uin[ii] - acc;
+                            u[at] = uu.x;
+                            u[at + 1u] = uu.y;
+                        }
+                        st_u[r * 16u + cg] = uu;
+                    }
+                }
+            } else {
+                let ch0 = (s - nsl) * 64u + 4u * q4;
+                if (ch0 < p.dk) {
+                    var s0 = st_s[ch0 * 16u + cg];
+                    var s1 = st_s[(ch0 + 1u) * 16u + cg];
+                    var s2 = st_s[(ch0 + 2u) * 16u + cg];
+                    var s3 = st_s[(ch0 + 3u) * 16u + cg];
+                    if (live) {
+                        let at = hb + ch0 * p.dk;
+                        hs[at] = s0.x;
+                        hs[at + 1u] = s0.y;
+                        hs[at + p.dk] = s1.x;
+                        hs[at + p.dk + 1u] = s1.y;
+                        hs[at + 2u * p.dk] = s2.x;
+                        hs[at + 2u * p.dk + 1u] = s2.y;
+                        hs[at + 3u * p.dk] = s3.x;
+                        hs[at + 3u * p.dk + 1u] = s3.y;
+                    }
+                    let dec = exp(vec4<f32>(gam[glast + ch0], gam[glast + ch0 + 1u], gam[glast + ch0 + 2u], gam[glast + ch0 + 3u]));
+                    s0 *= dec.x;
+                    s1 *= dec.y;
+                    s2 *= dec.z;
+                    s3 *= dec.w;
+                    // Rows past the end are zero in both tiles: a constant trip count.
+                    for (var r = 0u; r < C; r += 4u) {
+                        let k0 = st_t[r * 16u + q4];
+                        let k1 = st_t[(r + 1u) * 16u + q4];
+                        let k2 = st_t[(r + 2u) * 16u + q4];
+                        let k3 = st_t[(r + 3u) * 16u + q4];
+                        let u0 = st_u[r * 16u + cg];
+                        let u1 = st_u[(r + 1u) * 16u + cg];
+                        let u2 = st_u[(r + 2u) * 16u + cg];
+                        let u3 = st_u[(r + 3u) * 16u + cg];
+                        s0 += k0.x * u0;
+                        s1 += k0.y * u0;
+                        s2 += k0.z * u0;
+                        s3 += k0.w * u0;
+                        s0 += k1.x * u1;
+                        s1 += k1.y * u1;
+                        s2 += k1.z * u1;
+                        s3 += k1.w * u1;
+                        s0 += k2.x * u2;
+                        s1 += k2.y * u2;
+                        s2 += k2.z * u2;
+                        s3 += k2.w * u2;
+                        s0 += k3.x * u3;
+                        s1 += k3.y * u3;
+                        s2 += k3.z * u3;
+                        s3 += k3.w * u3;
+                    }
+                    st_s[ch0 * 16u + cg] = s0;
+                    st_s[(ch0 + 1u) * 16u + cg] = s1;
+                    st_s[(ch0 + 2u) * 16u + cg] = s2;
+                    st_s[(ch0 + 3u) * 16u + cg] = s3;
+                }
+            }
+        }
+    }
+    workgroupBarrier();
+    if (live) {
+        for (var c = q4; c < p.dk; c += 16u) {
+            let x = st_s[c * 16u + cg];
+            let at = h * kv + c * p.dk + col;
+            state[at] = x.x;
+            state[at + 1u] = x.y;
         }
     }
 }
 
+// ---------------------------------------------------------------------------------------
+const LANES: u32 = 16u;   // value columns per kda_chunk_state16 workgroup
+const GROUPS: u32 = 16u;  // row groups per kda_chunk_state16 workgroup
 var<workgroup> sh_s: array<f32, 4096>;   // [K, LANES] state tile, K <= 256
 var<workgroup> sh_u: array<f32, 1024>;   // [C, LANES] U of the current chunk
 
-@group(0) @binding(13) var<storage, read_write> hs: array<f32>;  // [N, H, K, V] state before each chunk
 
-// Sequential over chunks, one workgroup per (head, tile of LANES value columns); only the
-// state recurrence lives here: S_n is stored for kda_chunk_out, and u is replaced in place
-// by U = u - w S_n (each element is read and written by the same thread).
+// kda_chunk_state16: the state pass for K > 128 (kda_chunk_state holds at most 128 rows of S
+// in workgroup memory): one workgroup per (head, 16 value columns), sequential over chunks,
+// w and kg read from global memory in the inner loops; same outputs as kda_chunk_state.
 @compute @workgroup_size(256)
-fn kda_chunk_state(
+fn kda_chunk_state16(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
@@ -450,51 +788,161 @@ fn kda_chunk_state(
     }
 }
 
-// Output, parallel over (chunk, head, tile of LANES value columns):
-// O = qg S_n + A_qk U with S_n and U staged in shared memory.
+// ---------------------------------------------------------------------------------------
+// kda_chunk_out: one workgroup per (chunk, head, tile of OVT columns), all in parallel:
+// O = qg S_n + A_qk U = [qg | A_qk] [S_n ; U], inner dimension K + C in slices of OKS.
+const OVT: u32 = 64u;     // value columns per output workgroup (16 quads)
+const OKS: u32 = 32u;     // inner slice
+var<workgroup> so_a: array<vec4<f32>, 544>;  // [OKS, 17]: quads of 4 rows of the left operand (+ pad)
+var<workgroup> so_b: array<vec4<f32>, 512>;  // [OKS, 16]: quads of 4 columns of the right operand
+
+// Item e of slice s of kda_chunk_out's left operand: column kk = e % OKS of rows 4 rq .. 4 rq + 3,
+// rq = e / OKS (qg for s < nks, then A_qk).
+fn out_fetch_a(s: u32, e: u32, nks: u32, t0: u32, nv: u32, hk: u32, h: u32, abase: u32) -> vec4<f32> {
+    let kk = e % OKS;
+    let r = 4u * (e / OKS);
+    var x = vec4<f32>(0.0);
+    if (s < nks) {
+        let ch = s * OKS + kk;
+        if (ch < p.dk) {
+            let at = (t0 + r) * hk + h * p.dk + ch;
+            if (r < nv) {
+                x.x = qg[at];
+            }
+            if (r + 1u < nv) {
+                x.y = qg[at + hk];
+            }
+            if (r + 2u < nv) {
+                x.z = qg[at + 2u * hk];
+            }
+            if (r + 3u < nv) {
+                x.w = qg[at + 3u * hk];
+            }
+        }
+    } else {
+        let at = abase + r * C + (s - nks) * OKS + kk;
+        x = vec4<f32>(aqk[at], aqk[at + C], aqk[at + 2u * C], aqk[at + 3u * C]);
+    }
+    return x;
+}
+
+// Item e of slice s of the right operand: row kr = e / 16, columns v0 + 4 (e % 16) .. + 3 (S_n
+// for s < nks, then U).
+fn out_fetch_b(s: u32, e: u32, nks: u32, t0: u32, nv: u32, hk: u32, h: u32, nh: u32, v0: u32) -> vec4<f32> {
+    let kr = e / 16u;
+    let col = v0 + 4u * (e % 16u);
+    var y = vec4<f32>(0.0);
+    if (col < p.dk) {
+        if (s < nks) {
+            let ch = s * OKS + kr;
+            if (ch < p.dk) {
+                let at = nh * p.dk * p.dk + ch * p.dk + col;
+                y = vec4<f32>(hs[at], hs[at + 1u], hs[at + 2u], hs[at + 3u]);
+            }
+        } else {
+            let jr = (s - nks) * OKS + kr;
+            if (jr < nv) {
+                let at = (t0 + jr) * hk + h * p.dk + col;
+                y = vec4<f32>(u[at], u[at + 1u], u[at + 2u], u[at + 3u]);
+            }
+        }
+    }
+    return y;
+}
+
 @compute @workgroup_size(256)
 fn kda_chunk_out(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let tiles = (p.dk + LANES - 1u) / LANES;
+    let tiles = (p.dk + OVT - 1u) / OVT;
     let id = wg.x + wg.y * nwg.x;
     if (id >= p.nchunks * p.heads * tiles) {
         return;
     }
-    let tile = id % tiles;
+    let v0 = (id % tiles) * OVT;
     let nh = id / tiles;
     let n = nh / p.heads;
     let h = nh % p.heads;
-    let lane = lid % LANES;
-    let grp = lid / LANES;
-    let col = tile * LANES + lane;
-    let live = col < p.dk;
     let hk = p.heads * p.dk;
+    let kv = p.dk * p.dk;
     let t0 = n * C;
     let nv = rows_in(n);
-    let hb = nh * p.dk * p.dk + col;
-    for (var c = grp; c < p.dk; c += GROUPS) {
-        sh_s[c * LANES + lane] = select(0.0, hs[hb + c * p.dk], live);
-    }
-    for (var r = grp; r < C; r += GROUPS) {
-        sh_u[r * LANES + lane] = select(0.0, u[(t0 + r) * hk + h * p.dk + col], live && r < nv);
-    }
-    workgroupBarrier();
     let abase = nh * C * C;
-    for (var i = 0u; i < C / GROUPS; i++) {
-        let r = grp + i * GROUPS;
-        if (r < nv && live) {
-            let row = (t0 + r) * hk + h * p.dk;
-            var oo = 0.0;
-            for (var c = 0u; c < p.dk; c++) {
-                oo += qg[row + c] * sh_s[c * LANES + lane];
+    let rg = lid / 16u;
+    let cg = lid % 16u;
+    let nks = (p.dk + OKS - 1u) / OKS;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    let ns = nks + C / OKS;
+    var xa0 = out_fetch_a(0u, lid, nks, t0, nv, hk, h, abase);
+    var xa1 = out_fetch_a(0u, lid + WG, nks, t0, nv, hk, h, abase);
+    var yb0 = out_fetch_b(0u, lid, nks, t0, nv, hk, h, nh, v0);
+    var yb1 = out_fetch_b(0u, lid + WG, nks, t0, nv, hk, h, nh, v0);
+    for (var s = 0u; s < ns; s++) {
+        so_a[(lid % OKS) * 17u + lid / OKS] = xa0;
+        so_a[((lid + WG) % OKS) * 17u + (lid + WG) / OKS] = xa1;
+        so_b[lid] = yb0;
+        so_b[lid + WG] = yb1;
+        workgroupBarrier();
+        if (s + 1u < ns) {
+            xa0 = out_fetch_a(s + 1u, lid, nks, t0, nv, hk, h, abase);
+            xa1 = out_fetch_a(s + 1u, lid + WG, nks, t0, nv, hk, h, abase);
+            yb0 = out_fetch_b(s + 1u, lid, nks, t0, nv, hk, h, nh, v0);
+            yb1 = out_fetch_b(s + 1u, lid + WG, nks, t0, nv, hk, h, nh, v0);
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < OKS; kk += 4u) {
+            let x0 = so_a[kk * 17u + rg];
+            let x1 = so_a[(kk + 1u) * 17u + rg];
+            let x2 = so_a[(kk + 2u) * 17u + rg];
+            let x3 = so_a[(kk + 3u) * 17u + rg];
+            let b0 = so_b[kk * 16u + cg];
+            let b1 = so_b[(kk + 1u) * 16u + cg];
+            let b2 = so_b[(kk + 2u) * 16u + cg];
+            let b3 = so_b[(kk + 3u) * 16u + cg];
+            acc0 += x0.x * b0;
+            acc1 += x0.y * b0;
+            acc2 += x0.z * b0;
+            acc3 += x0.w * b0;
+            acc0 += x1.x * b1;
+            acc1 += x1.y * b1;
+            acc2 += x1.z * b1;
+            acc3 += x1.w * b1;
+            acc0 += x2.x * b2;
+            acc1 += x2.y * b2;
+            acc2 += x2.z * b2;
+            acc3 += x2.w * b2;
+            acc0 += x3.x * b3;
+            acc1 += x3.y * b3;
+            acc2 += x3.z * b3;
+            acc3 += x3.w * b3;
+        }
+        workgroupBarrier();
+    }
+    let col = v0 + 4u * cg;
+    if (col < p.dk) {
+        let r0 = 4u * rg;
+        let at0 = (t0 + r0) * hk + h * p.dk + col;
+        for (var ii = 0u; ii < 4u; ii++) {
+            if (r0 + ii < nv) {
+                var y = acc0;
+                if (ii == 1u) {
+                    y = acc1;
+                } else if (ii == 2u) {
+                    y = acc2;
+                } else if (ii == 3u) {
+                    y = acc3;
+                }
+                let at = at0 + ii * hk;
+                o[at] = y.x;
+                o[at + 1u] = y.y;
+                o[at + 2u] = y.z;
+                o[at + 3u] = y.w;
             }
-            for (var j = 0u; j <= r; j++) {
-                oo += aqk[abase + r * C + j] * sh_u[j * LANES + lane];
-            }
-            o[row + col] = oo;
         }
     }
 }

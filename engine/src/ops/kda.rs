@@ -45,12 +45,18 @@ pub const KDA_DECODE_T32W256: Kernel = Kernel::new("kda_decode_t32w256", "kda", 
     .unchecked();
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
-pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra");
+/// kda_chunk_intra, kda_chunk_state and kda_chunk_out run without wgpu's runtime bounds and
+/// loop checks: their indexing stays within the host-checked extents by construction
+/// (kda_chunk.wgsl) and the tests cover K = 16..256 and ragged chunks. On the H200 the checks
+/// cost 1.3-1.8x (docs/perf.md, KDA).
+pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", "kda_chunk_intra").unchecked();
 /// kda_chunk_intra writing w, qg, kg as packed f16 (the coop scan's operands).
 pub const KDA_CHUNK_INTRA_H: Kernel =
     Kernel::new("kda_chunk_intra_h", "kda_chunk", "kda_chunk_intra").with_constants(&[("HALF_OUT", 1.0)]);
-pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", "kda_chunk_state");
-pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out");
+pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", "kda_chunk_state").unchecked();
+/// The state pass for K > STATE_KMAX (16 columns per workgroup, S rows up to 256).
+pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chunk", "kda_chunk_state16");
+pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out").unchecked();
 /// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
 pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
 pub const KERNELS: &[Kernel] = &[
@@ -68,6 +74,7 @@ pub const KERNELS: &[Kernel] = &[
     KDA_CHUNK_INTRA,
     KDA_CHUNK_INTRA_H,
     KDA_CHUNK_STATE,
+    KDA_CHUNK_STATE16,
     KDA_CHUNK_OUT,
     KDA_COOP_SCAN,
 ];
@@ -182,8 +189,13 @@ impl DecodeVariant {
         PREFERENCE.into_iter().find(|v| v.runs_on(gpu, geom)).unwrap_or(DecodeVariant::C32)
     }
 }
-/// Value columns per state / output workgroup (LANES in kda_chunk.wgsl).
-const LANES: usize = 16;
+/// Value columns per state workgroup (SBV in kda_chunk.wgsl).
+const STATE_COLS: usize = 32;
+/// Largest K of kda_chunk_state (rows of its workgroup-memory state tile); kda_chunk_state16
+/// (16 columns per workgroup) beyond.
+const STATE_KMAX: usize = 128;
+/// Value columns per output workgroup (OVT in kda_chunk.wgsl).
+const OUT_COLS: usize = 64;
 
 /// Shape of one KDA layer as the kernels see it (K = V = head_dim).
 #[derive(Clone, Copy, Debug)]
@@ -567,9 +579,10 @@ pub enum ChunkPath {
 
 impl ChunkPath {
     /// The paths this adapter can run at this shape, the default first. The coop path (where
-    /// the adapter has 16x16x16 f16 cooperative matrices and subgroups and K <= 128) is 2.7x
-    /// faster on the H200 but its f16 operands put it at ~3e-4 relative error, above the
-    /// 1e-4 every KDA path is held to, so it is the default only with `K31_KDA_COOP=1`.
+    /// the adapter has 16x16x16 f16 cooperative matrices and subgroups and K <= 128) is now
+    /// 2.5x slower than the tiled SIMT path on the H200 (40.6 vs 16.4 ms at T = 8192, 96 x 128,
+    /// docs/perf.md) and its f16 operands put it at ~3e-4 relative error, above the 1e-4
+    /// every KDA path is held to, so it runs only with `K31_KDA_COOP=1`.
     pub fn available(gpu: &Gpu, geom: &KdaGeom) -> Vec<ChunkPath> {
         let coop = gpu.caps.coopmat && gpu.caps.subgroups && geom.head_dim <= COOP_KMAX && geom.head_dim % COOP_BV == 0;
         let prefer_coop = std::env::var("K31_KDA_COOP").is_ok_and(|v| v == "1");
@@ -699,9 +712,10 @@ fn chunk_prefill_inner(
     }
     let hs = s.hs.as_ref().ok_or_else(|| GpuError::Shape("kda prefill: scratch made for the coop path has no chunk states".into()))?;
     let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, hs)];
-    dispatch(gpu, enc, &KDA_CHUNK_STATE, &uniform, &scan, geom.heads * k.div_ceil(LANES), profiler.as_deref_mut())?;
+    let (state_kernel, cols) = if k <= STATE_KMAX { (&KDA_CHUNK_STATE, STATE_COLS) } else { (&KDA_CHUNK_STATE16, 16) };
+    dispatch(gpu, enc, state_kernel, &uniform, &scan, geom.heads * k.div_ceil(cols), profiler.as_deref_mut())?;
     let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, hs)];
-    dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(LANES), profiler)
+    dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(OUT_COLS), profiler)
 }
 
 /// y [rows, V] = RMSNorm(o; norm_w, 1e-5) * sigmoid(gate), rows = T * H.
