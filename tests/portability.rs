@@ -74,6 +74,23 @@ fn every_shader_validates_and_translates() {
     assert!(errors.is_empty(), "{}", errors.join("\n"));
 }
 
+/// NVIDIA's Vulkan limit on workgroup memory: a kernel that declares more hangs the H200
+/// without an error (docs/perf.md, KDA), and neither wgpu nor naga checks it, nor does
+/// lavapipe enforce the 32 KiB it reports.
+const MAX_WORKGROUP_BYTES: u32 = 48 * 1024;
+
+/// Workgroup memory the entry point uses (after override constants are applied).
+fn workgroup_bytes(module: &naga::Module, info: &naga::valid::ModuleInfo, entry: &str) -> u32 {
+    let index = module.entry_points.iter().position(|e| e.name == entry).expect("entry point");
+    let uses = info.get_entry_point(index);
+    module
+        .global_variables
+        .iter()
+        .filter(|(h, v)| v.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
+        .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()))
+        .sum()
+}
+
 #[test]
 fn every_kernel_variant_specialises_and_translates() {
     let mut errors = Vec::new();
@@ -104,6 +121,10 @@ fn every_kernel_variant_specialises_and_translates() {
             Ok((m, i)) => {
                 if let Err(e) = translate(k.name, &m, &i, k.needs_coopmat) {
                     errors.push(e);
+                }
+                let bytes = workgroup_bytes(&m, &i, k.entry);
+                if bytes > MAX_WORKGROUP_BYTES {
+                    errors.push(format!("kernel {}: {bytes} bytes of workgroup memory, over {MAX_WORKGROUP_BYTES}", k.name));
                 }
             }
             Err(e) => errors.push(format!("kernel {}: overrides: {e}", k.name)),
