@@ -1,9 +1,10 @@
 // Subgroup MXFP4 decode expert kernels (same slot layout, params and results as moe.wgsl;
-// see its header): one subgroup per RS2 weight rows, lanes over the rows' 32-weight groups,
-// row totals by subgroupAdd (no barrier, no shared-memory tree). A separate file because a
-// module that uses subgroup operations needs the SUBGROUP feature as a whole; adapters
-// without it keep moe.wgsl.
-// Preconditions (host-checked): as moe.wgsl; MXFP4 experts; top_k * RPW2 <= 2048 (stage 2).
+// see its header, except that stage 1's h is written group-transposed for stage 2): each
+// subgroup owns a few weight rows, lanes over the rows' 32-weight groups, row totals by
+// subgroupAdd (no barrier, no shared-memory tree). A separate file because a module that uses
+// subgroup operations needs the SUBGROUP feature as a whole; adapters without it keep
+// moe.wgsl. Preconditions (host-checked): as moe.wgsl; MXFP4 experts; top_k * RPW2 <= 2048
+// (stage 2); n_in <= 4 * MAX_XT when stage 1 stages z.
 //
 // E2M1 decode: shifting a nibble's 3 magnitude bits to f16 bits 9-11 and its sign to bit 15
 // gives an f16 equal to the E2M1 value times 2^-14 (e = 0 lands on the f16 subnormal 2^-15,
@@ -40,7 +41,6 @@ struct ExpertParams {
 @group(0) @binding(5) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
-// Weight rows per workgroup; the workgroup's subgroups share them out.
 fn e8m0(s: u32) -> f32 {
     return select(bitcast<f32>(s << 23u), bitcast<f32>(0x00400000u), s == 0u);
 }
@@ -85,19 +85,17 @@ struct Xg {
     b: array<vec4<f32>, 4>,
 }
 
-fn load_xg(xo: u32) -> Xg {
-    let l0 = x[xo];
-    let h0 = x[xo + 1u];
-    let l1 = x[xo + 2u];
-    let h1 = x[xo + 3u];
-    let l2 = x[xo + 4u];
-    let h2 = x[xo + 5u];
-    let l3 = x[xo + 6u];
-    let h3 = x[xo + 7u];
+// The group from its eight vec4 slots (floats 0-3, 4-7, ..., 28-31).
+fn xg_of(l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2: vec4<f32>, h2: vec4<f32>, l3: vec4<f32>, h3: vec4<f32>) -> Xg {
     return Xg(
         array<vec4<f32>, 4>(vec4<f32>(l0.x, h0.x, l0.y, h0.y), vec4<f32>(l1.x, h1.x, l1.y, h1.y), vec4<f32>(l2.x, h2.x, l2.y, h2.y), vec4<f32>(l3.x, h3.x, l3.y, h3.y)),
         array<vec4<f32>, 4>(vec4<f32>(l0.z, h0.z, l0.w, h0.w), vec4<f32>(l1.z, h1.z, l1.w, h1.w), vec4<f32>(l2.z, h2.z, l2.w, h2.w), vec4<f32>(l3.z, h3.z, l3.w, h3.w)),
     );
+}
+
+// Group activations stored contiguously from vec4 index xo (the natural layout of z).
+fn load_xg(xo: u32) -> Xg {
+    return xg_of(x[xo], x[xo + 1u], x[xo + 2u], x[xo + 3u], x[xo + 4u], x[xo + 5u], x[xo + 6u], x[xo + 7u]);
 }
 
 fn word_dot(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
@@ -115,133 +113,25 @@ fn group_dot2(q: vec4<u32>, xg: Xg) -> f32 {
     return word_dot(q.x, xg.a[0], xg.b[0]) + word_dot(q.y, xg.a[1], xg.b[1]) + word_dot(q.z, xg.a[2], xg.b[2]) + word_dot(q.w, xg.a[3], xg.b[3]);
 }
 
-// Rows per subgroup pass (each lane's activation group is reused for all of them); RPW2 rows
-// per workgroup. RS2 = 2 measured best on the H200 (1 and 4 were slower).
-override RS2: u32 = 2u;
-override RPW2: u32 = 16u;
-const MAX_RS2: u32 = 4u;
-
-// Stage 1: grid (ceil(n_mid / RPW2), tokens * top_k); h[pair, r] = act(w1 z, w3 z)[r].
-@compute @workgroup_size(256)
-fn expert_up_sg2(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) sgs: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-) {
-    let pair = wg.y;
-    if (pair >= p.tokens * p.top_k) {
-        return;
-    }
-    let base = slot_base(idx[pair]);
-    let xb = (pair / p.top_k) * (p.n_in / 4u);
-    let groups = p.n_in / 32u;
-    for (var r0 = sg * RS2; r0 < RPW2; r0 += nsg * RS2) {
-        let row0 = wg.x * RPW2 + r0;
-        if (row0 >= p.n_mid) {
-            break;
-        }
-        var ga: array<f32, MAX_RS2>;
-        var ua: array<f32, MAX_RS2>;
-        for (var g = lane; g < groups; g += sgs) {
-            let xg = load_xg(xb + g * 8u);
-            for (var i = 0u; i < RS2; i++) {
-                let o = min(row0 + i, p.n_mid - 1u) * groups + g;
-                let q1 = pool[base + p.off_w1 + o];
-                let q3 = pool[base + p.off_w3 + o];
-                ga[i] += scale14(base, p.off_s1 + o) * group_dot2(q1, xg);
-                ua[i] += scale14(base, p.off_s3 + o) * group_dot2(q3, xg);
-            }
-        }
-        for (var i = 0u; i < RS2; i++) {
-            let gs = subgroupAdd(ga[i]);
-            let us = subgroupAdd(ua[i]);
-            if (lane == 0u && row0 + i < p.n_mid) {
-                out[pair * p.n_mid + row0 + i] = glu(gs, us);
-            }
-        }
-    }
-}
-
-// Stage 2 with the experts spread over the workgroup's subgroups (the serial loop over 16
-// experts starved the GPU: n_in / rows workgroups only): work item (expert j, row block)
-// -> partial sums in workgroup memory, then one thread per row adds the experts in the
-// fixed j order. Grid (ceil(n_in / RPW2), tokens). Host-checked: top_k * RPW2 <= 2048.
-var<workgroup> down_part: array<f32, 2048>;
-
-@compute @workgroup_size(256)
-fn expert_down_sg2(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) sgs: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-) {
-    let t = wg.y;
-    if (t >= p.tokens) {
-        return;
-    }
-    let groups = p.n_mid / 32u;
-    let blocks = RPW2 / RS2;
-    for (var item = sg; item < p.top_k * blocks; item += nsg) {
-        let j = item / blocks;
-        let r0 = (item % blocks) * RS2;
-        let row0 = wg.x * RPW2 + r0;
-        let pair = t * p.top_k + j;
-        let base = slot_base(idx[pair]);
-        let xb = pair * (p.n_mid / 4u);
-        var acc: array<f32, MAX_RS2>;
-        if (row0 < p.n_in) {
-            for (var g = lane; g < groups; g += sgs) {
-                let xg = load_xg(xb + g * 8u);
-                for (var i = 0u; i < RS2; i++) {
-                    let o = min(row0 + i, p.n_in - 1u) * groups + g;
-                    acc[i] += scale14(base, p.off_s2 + o) * group_dot2(pool[base + p.off_w2 + o], xg);
-                }
-            }
-        }
-        for (var i = 0u; i < RS2; i++) {
-            let total = subgroupAdd(acc[i]);
-            if (lane == 0u) {
-                down_part[j * RPW2 + r0 + i] = total;
-            }
-        }
-    }
-    workgroupBarrier();
-    let row = wg.x * RPW2 + lid;
-    if (lid < RPW2 && row < p.n_in) {
-        var y = 0.0;
-        for (var j = 0u; j < p.top_k; j++) {
-            y += wts[t * p.top_k + j] * down_part[j * RPW2 + lid];
-        }
-        out[t * p.n_in + row] = y;
-    }
-}
-
-// ---- Transposed-activation kernels (`sgt`) ----
-// Each lane owns one 32-weight group per row, so the group's 32 activations are 128 contiguous
-// bytes per lane and a warp-wide 16-byte load of them touches 32 different cache lines: the
-// sg2 kernels spent most of their time in these scattered activation loads (both stages took
-// ~115-130 us on the H200 whatever their weight bytes). Here activations are read in a
-// group-transposed layout, vec4 slot s (floats 4s..4s+3 of a group) of group g at s * G + g,
-// so lanes on consecutive groups read consecutive 16 bytes: stage 1 stages z that way in
-// workgroup memory, writes h that way to global memory, and stage 2 reads it as such. h's
-// layout is private to this kernel pair.
+// Each lane owns one 32-weight group per row, so read in their natural layout the group's 32
+// activations are 128 contiguous bytes per lane and a warp-wide 16-byte load of them touches
+// 32 different cache lines: kernels reading them that way (the former sg2) spent most of
+// their time there (both stages ~115-130 us on the H200 whatever their weight bytes). Here
+// activations are read group-transposed, vec4 slot s (floats 4s..4s+3 of a group) of group g
+// at s * G + g, so lanes on consecutive groups read consecutive 16 bytes: stage 1 stages z
+// that way in workgroup memory (STAGE_Z; wider z is read in place, scattered), writes h that
+// way to global memory, and stage 2 reads it as such.
 
 // Stage 1 stages up to MAX_XT vec4 of z (n_in <= 4 * MAX_XT, host-checked). Keep it small:
 // 32 KB per workgroup made stage 1 36 % slower on the H200 than 16 KB (the larger shared
 // carve-out leaves less L1 for loads in flight).
 const MAX_XT: u32 = 1024u;
 var<workgroup> zt: array<vec4<f32>, MAX_XT>;
-
-fn xg_of(l0: vec4<f32>, h0: vec4<f32>, l1: vec4<f32>, h1: vec4<f32>, l2: vec4<f32>, h2: vec4<f32>, l3: vec4<f32>, h3: vec4<f32>) -> Xg {
-    return Xg(
-        array<vec4<f32>, 4>(vec4<f32>(l0.x, h0.x, l0.y, h0.y), vec4<f32>(l1.x, h1.x, l1.y, h1.y), vec4<f32>(l2.x, h2.x, l2.y, h2.y), vec4<f32>(l3.x, h3.x, l3.y, h3.y)),
-        array<vec4<f32>, 4>(vec4<f32>(l0.z, h0.z, l0.w, h0.w), vec4<f32>(l1.z, h1.z, l1.w, h1.w), vec4<f32>(l2.z, h2.z, l2.w, h2.w), vec4<f32>(l3.z, h3.z, l3.w, h3.w)),
-    );
-}
+override STAGE_Z: bool = true;
+// Rows per workgroup (a multiple of 8: whole subgroup passes in stage 1, items in stage 2).
+override RPW2: u32 = 32u;
+// Stage 2 partial sums [expert j][row of the workgroup]; top_k * RPW2 <= 2048.
+var<workgroup> down_part: array<f32, 2048>;
 
 // Group g's activations from the staged z (G groups per vector).
 fn zt_group(g: u32, n_groups: u32) -> Xg {
@@ -276,8 +166,10 @@ fn expert_up_sgt(
     }
     let groups = p.n_in / 32u;
     let xb = (pair / p.top_k) * (p.n_in / 4u);
-    for (var i = lid; i < p.n_in / 4u; i += 256u) {
-        zt[(i & 7u) * groups + (i >> 3u)] = x[xb + i];
+    if (STAGE_Z) {
+        for (var i = lid; i < p.n_in / 4u; i += 256u) {
+            zt[(i & 7u) * groups + (i >> 3u)] = x[xb + i];
+        }
     }
     workgroupBarrier();
     let base = slot_base(idx[pair]);
@@ -308,7 +200,12 @@ fn expert_up_sgt(
             let q3_2 = pool[base + p.off_w3 + ro2 + g];
             let q1_3 = pool[base + p.off_w1 + ro3 + g];
             let q3_3 = pool[base + p.off_w3 + ro3 + g];
-            let xg = zt_group(g, groups);
+            var xg: Xg;
+            if (STAGE_Z) {
+                xg = zt_group(g, groups);
+            } else {
+                xg = load_xg(xb + g * 8u);
+            }
             ga0 += scale14(base, p.off_s1 + ro0 + g) * group_dot2(q1_0, xg);
             ua0 += scale14(base, p.off_s3 + ro0 + g) * group_dot2(q3_0, xg);
             ga1 += scale14(base, p.off_s1 + ro1 + g) * group_dot2(q1_1, xg);

@@ -29,16 +29,15 @@ pub const EXPERT_DOWN_MXFP4: Kernel = Kernel::new("expert_down_mxfp4", "moe", "e
 pub const EXPERT_DOWN_MXFP4_R1: Kernel = Kernel::new("expert_down_mxfp4_r1", "moe", "expert_down").with_constants(MX_R1);
 pub const EXPERT_DOWN_MXFP4_R4: Kernel = Kernel::new("expert_down_mxfp4_r4", "moe", "expert_down").with_constants(MX_R4);
 pub const EXPERT_DOWN_BF16: Kernel = Kernel::new("expert_down_bf16", "moe", "expert_down").with_constants(BF);
-/// Subgroup decode kernels (shaders/moe_sg.wgsl): 2 rows per subgroup pass; 16 rows per
-/// workgroup in stage 1, 2 rows x all selected experts per workgroup in stage 2.
-pub const EXPERT_UP_MXFP4_SG2: Kernel =
-    Kernel::new("expert_up_mxfp4_sg2", "moe_sg", "expert_up_sg2").with_constants(&[("RS2", 2.0), ("RPW2", 16.0)]).subgroups().unchecked();
-pub const EXPERT_DOWN_MXFP4_SG2: Kernel =
-    Kernel::new("expert_down_mxfp4_sg2", "moe_sg", "expert_down_sg2").with_constants(&[("RS2", 2.0), ("RPW2", 2.0)]).subgroups().unchecked();
-/// Subgroup decode kernels reading activations group-transposed (moe_sg.wgsl `sgt`): 2 rows
-/// per subgroup pass, 32 rows per workgroup in stage 1; 2 rows x all experts in stage 2.
+/// Subgroup decode kernels reading activations group-transposed (moe_sg.wgsl): 4 + 4 rows per
+/// subgroup pass, 32 rows per workgroup in stage 1; 8 rows x all experts in stage 2.
 pub const EXPERT_UP_MXFP4_SGT: Kernel =
     Kernel::new("expert_up_mxfp4_sgt", "moe_sg", "expert_up_sgt").with_constants(&[("RPW2", 32.0)]).subgroups().unchecked();
+/// Stage 1 for experts wider than its workgroup array: z read in place (scattered).
+pub const EXPERT_UP_MXFP4_SGT_WIDE: Kernel = Kernel::new("expert_up_mxfp4_sgt_wide", "moe_sg", "expert_up_sgt")
+    .with_constants(&[("RPW2", 32.0), ("STAGE_Z", 0.0)])
+    .subgroups()
+    .unchecked();
 pub const EXPERT_DOWN_MXFP4_SGT: Kernel =
     Kernel::new("expert_down_mxfp4_sgt", "moe_sg", "expert_down_sgt").with_constants(&[("RPW2", 8.0)]).subgroups().unchecked();
 /// Stage 1 of `sgt` stages z in a workgroup array of this many floats (moe_sg.wgsl MAX_XT * 4).
@@ -61,9 +60,8 @@ pub const KERNELS: &[Kernel] = &[
     EXPERT_DOWN_MXFP4_R1,
     EXPERT_DOWN_MXFP4_R4,
     EXPERT_DOWN_BF16,
-    EXPERT_UP_MXFP4_SG2,
-    EXPERT_DOWN_MXFP4_SG2,
     EXPERT_UP_MXFP4_SGT,
+    EXPERT_UP_MXFP4_SGT_WIDE,
     EXPERT_DOWN_MXFP4_SGT,
     MOE_GROUP,
     EXPERT_UP_GROUPED_MXFP4,
@@ -117,22 +115,23 @@ pub const DECODE_R1: DecodeKernels =
     DecodeKernels { name: "shared r1", up: EXPERT_UP_MXFP4_R1, down: EXPERT_DOWN_MXFP4_R1, up_rows: 1, down_rows: 1 };
 pub const DECODE_R4: DecodeKernels =
     DecodeKernels { name: "shared r4", up: EXPERT_UP_MXFP4_R4, down: EXPERT_DOWN_MXFP4_R4, up_rows: 4, down_rows: 4 };
-/// Subgroup kernels with the paired-f16 decode and experts spread over subgroups in stage 2.
-pub const DECODE_SG2: DecodeKernels =
-    DecodeKernels { name: "sg2 rs2", up: EXPERT_UP_MXFP4_SG2, down: EXPERT_DOWN_MXFP4_SG2, up_rows: 16, down_rows: 2 };
-/// Subgroup kernels with activations read group-transposed (coalesced across lanes).
+/// Subgroup kernels with the paired-f16 nibble decode, activations read group-transposed
+/// (coalesced across lanes) and experts spread over subgroups in stage 2.
 pub const DECODE_SGT: DecodeKernels =
     DecodeKernels { name: "sgt", up: EXPERT_UP_MXFP4_SGT, down: EXPERT_DOWN_MXFP4_SGT, up_rows: 32, down_rows: 8 };
+/// [`DECODE_SGT`] for any expert width (stage 1 reads z in place).
+pub const DECODE_SGT_WIDE: DecodeKernels =
+    DecodeKernels { name: "sgt wide", up: EXPERT_UP_MXFP4_SGT_WIDE, down: EXPERT_DOWN_MXFP4_SGT, up_rows: 32, down_rows: 8 };
 /// Every MXFP4 decode variant, for tests and benches.
 pub const DECODE_VARIANTS: &[DecodeKernels] =
-    &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SG2, DECODE_SGT];
+    &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SGT, DECODE_SGT_WIDE];
 
 /// The fastest MXFP4 decode kernels this adapter can run at this expert width.
 pub fn decode_default(gpu: &Gpu, layout: &SlotLayout) -> DecodeKernels {
     if decode_supported(gpu, layout, &DECODE_SGT) {
         DECODE_SGT
     } else if gpu.caps.subgroups {
-        DECODE_SG2
+        DECODE_SGT_WIDE
     } else {
         DECODE_SHARED
     }
@@ -221,7 +220,8 @@ pub fn experts_decode(
         ExpertFormat::Bf16 => DecodeKernels { name: "bf16", up: EXPERT_UP_BF16, down: EXPERT_DOWN_BF16, up_rows: 2, down_rows: 2 },
     };
     // The subgroup kernels (moe_sg.wgsl, the only ones that need subgroups) keep stage-2
-    // partial sums in a 2048-float workgroup array and read scale bytes through binding 7.
+    // partial sums in a 2048-float workgroup array, read scale bytes through binding 7 and
+    // pass h between their stages group-transposed.
     let sg = k_sel.up.needs_subgroups;
     if !decode_supported(gpu, &store.layout, &k_sel) {
         return Err(GpuError::Shape(format!("experts: decode kernels {} do not run here at expert width {n_in}", k_sel.name)));
