@@ -1,7 +1,11 @@
-//! Embeds every `shaders/*.wgsl` file: the registry is generated, so adding a shader file
-//! is all it takes for the pipeline cache and the portability tests to see it.
+//! Embeds every `shaders/*.wgsl` file, its `#include`s expanded (src/wgsl_include.rs): the
+//! registry is generated, so adding a shader file is all it takes for the pipeline cache and
+//! the portability tests to see it. shaders/lib/ holds the included pieces.
 
 use std::fmt::Write as _;
+
+#[path = "src/wgsl_include.rs"]
+mod wgsl_include;
 
 fn main() {
     // Read at run time: a build-script binary can be shared by checkouts at other paths.
@@ -15,13 +19,21 @@ fn main() {
         .filter_map(|p| p.file_stem().and_then(|s| s.to_str()).map(str::to_string))
         .collect();
     names.sort();
+    println!("cargo:rerun-if-changed=src/wgsl_include.rs");
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("OUT_DIR"));
+    let expanded_dir = out_dir.join("wgsl");
+    std::fs::create_dir_all(&expanded_dir).expect("creating OUT_DIR/wgsl");
     let mut out = String::from("pub const SHADERS: &[(&str, &str)] = &[\n");
     for n in &names {
         let path = dir.join(format!("{n}.wgsl"));
         println!("cargo:rerun-if-changed={}", path.display());
-        let _ = writeln!(out, "    ({n:?}, include_str!({:?})),", path.display().to_string());
+        let text = std::fs::read_to_string(&path).expect("reading a shader");
+        let mut read = |name: &str| std::fs::read_to_string(dir.join(name)).map_err(|e| e.to_string());
+        let expanded = wgsl_include::expand(&text, &mut read).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let dest = expanded_dir.join(format!("{n}.wgsl"));
+        std::fs::write(&dest, expanded).expect("writing an expanded shader");
+        let _ = writeln!(out, "    ({n:?}, include_str!({:?})),", dest.display().to_string());
     }
     out.push_str("];\n");
-    let dest = std::path::Path::new(&std::env::var("OUT_DIR").expect("OUT_DIR")).join("shaders.rs");
-    std::fs::write(dest, out).expect("writing the shader registry");
+    std::fs::write(out_dir.join("shaders.rs"), out).expect("writing the shader registry");
 }

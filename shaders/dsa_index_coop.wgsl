@@ -49,22 +49,7 @@ const LOADS: u32 = 4u; // vec4<u32> (8 bf16) key loads per thread per tile: TILE
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> scores: array<f32>;
-@group(0) @binding(4) var<storage, read> k0: array<vec4<u32>>;
-@group(0) @binding(5) var<storage, read> k1: array<vec4<u32>>;
-@group(0) @binding(6) var<storage, read> k2: array<vec4<u32>>;
-@group(0) @binding(7) var<storage, read> k3: array<vec4<u32>>;
-@group(0) @binding(8) var<storage, read> k4: array<vec4<u32>>;
-@group(0) @binding(9) var<storage, read> k5: array<vec4<u32>>;
-@group(0) @binding(10) var<storage, read> k6: array<vec4<u32>>;
-@group(0) @binding(11) var<storage, read> k7: array<vec4<u32>>;
-@group(0) @binding(12) var<storage, read> k8: array<vec4<u32>>;
-@group(0) @binding(13) var<storage, read> k9: array<vec4<u32>>;
-@group(0) @binding(14) var<storage, read> k10: array<vec4<u32>>;
-@group(0) @binding(15) var<storage, read> k11: array<vec4<u32>>;
-@group(0) @binding(16) var<storage, read> k12: array<vec4<u32>>;
-@group(0) @binding(17) var<storage, read> k13: array<vec4<u32>>;
-@group(0) @binding(18) var<storage, read> k14: array<vec4<u32>>;
-@group(0) @binding(19) var<storage, read> k15: array<vec4<u32>>;
+#include "lib/index_keys.wgsl"
 
 var<workgroup> kt: array<vec4<f16>, 2048>; // TILE keys x 32 vec4<f16>
 var<workgroup> qh: array<vec4<f16>, 1024>; // [32 heads, 128] f16(q)
@@ -77,38 +62,8 @@ var<workgroup> qs: array<f32, 32>;          // per-head power-of-two scale of q 
 var<workgroup> qmb: array<atomic<u32>, 32>; // per head: max |q| as f32 bits
 var<workgroup> bad: array<u32, 64>;         // per tile position: key beyond the exact range
 
-fn key_vec(page: u32, i: u32) -> vec4<u32> {
-    switch page {
-        case 0u: { return k0[i]; }
-        case 1u: { return k1[i]; }
-        case 2u: { return k2[i]; }
-        case 3u: { return k3[i]; }
-        case 4u: { return k4[i]; }
-        case 5u: { return k5[i]; }
-        case 6u: { return k6[i]; }
-        case 7u: { return k7[i]; }
-        case 8u: { return k8[i]; }
-        case 9u: { return k9[i]; }
-        case 10u: { return k10[i]; }
-        case 11u: { return k11[i]; }
-        case 12u: { return k12[i]; }
-        case 13u: { return k13[i]; }
-        case 14u: { return k14[i]; }
-        default: { return k15[i]; }
-    }
-}
 
-// Page geometry: page i holds page0 << min(i, shift_max) rows; returns (page, row in page).
-fn locate(pos: u32) -> vec2<u32> {
-    let doubling_end = p.page0 * ((2u << p.shift_max) - 1u);
-    if (pos < doubling_end) {
-        let i = firstLeadingBit(pos / p.page0 + 1u);
-        return vec2<u32>(i, pos - p.page0 * ((1u << i) - 1u));
-    }
-    let big = p.page0 << p.shift_max;
-    let j = (pos - doubling_end) / big;
-    return vec2<u32>(p.shift_max + 1u + j, pos - doubling_end - j * big);
-}
+#include "lib/page_locate.wgsl"
 
 fn bf_lo(x: u32) -> f32 {
     return bitcast<f32>(x << 16u);

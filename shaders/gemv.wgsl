@@ -16,6 +16,7 @@ struct GemvParams {
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+#include "lib/store_y.wgsl"
 
 const WG: u32 = 256u;
 var<workgroup> partial: array<f32, WG>;
@@ -31,16 +32,6 @@ fn bf16_hi(word: u32) -> f32 {
 fn bf16_at(i: u32) -> f32 {
     let word = w[i >> 1u];
     return select(bf16_lo(word), bf16_hi(word), (i & 1u) == 1u);
-}
-
-// Writes a row total, or adds it to what y holds (accumulate: a residual or a second branch
-// summed in place instead of by a separate add pass).
-fn store_y(i: u32, v: f32) {
-    if (p.accumulate != 0u) {
-        y[i] += v;
-    } else {
-        y[i] = v;
-    }
 }
 
 fn reduce_and_store(lid: u32, row: u32, acc: f32) {

@@ -9,11 +9,7 @@ override RS: u32 = 2u;
 override RPW: u32 = 16u;
 const MAX_RS: u32 = 4u;
 
-fn unit_dot(q: vec4<u32>, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let lo = bitcast<vec4<f32>>(q << vec4<u32>(16u));
-    let hi = bitcast<vec4<f32>>(q & vec4<u32>(0xffff0000u));
-    return dot(vec4<f32>(lo.x, hi.x, lo.y, hi.y), a) + dot(vec4<f32>(lo.z, hi.z, lo.w, hi.w), b);
-}
+#include "lib/bf16_unit.wgsl"
 
 struct MultiParams {
     cols: u32,

@@ -28,22 +28,8 @@ const MAX_RS: u32 = 4u;
 
 var<workgroup> part_sum: array<f32, 256>; // [part][row of the workgroup], RPW * CS <= 256
 
-// Writes a row total, or adds it to what y holds (accumulate: a residual or a second branch
-// summed in place instead of by a separate add pass).
-fn store_y(i: u32, v: f32) {
-    if (p.accumulate != 0u) {
-        y[i] += v;
-    } else {
-        y[i] = v;
-    }
-}
-
-fn unit_dot(q: vec4<u32>, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let lo = bitcast<vec4<f32>>(q << vec4<u32>(16u));
-    let hi = bitcast<vec4<f32>>(q & vec4<u32>(0xffff0000u));
-    // Unit element 2i is the low half of word i.
-    return dot(vec4<f32>(lo.x, hi.x, lo.y, hi.y), a) + dot(vec4<f32>(lo.z, hi.z, lo.w, hi.w), b);
-}
+#include "lib/store_y.wgsl"
+#include "lib/bf16_unit.wgsl"
 
 @compute @workgroup_size(256)
 fn gemv_bf16_sg(

@@ -19,6 +19,7 @@ struct LinearParams {
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
+#include "lib/store_y.wgsl"
 
 const BR: u32 = 64u;
 const BT: u32 = 32u;
@@ -28,15 +29,6 @@ var<workgroup> xt: array<f32, 1056>; // [BK, BT + 1]
 
 // f32 weights (small f32 tensors such as a router gate saved in f32) share the u32 binding.
 override W_F32: bool = false;
-
-// Writes an output, or adds it to what y holds (accumulate).
-fn store_y(i: u32, v: f32) {
-    if (p.accumulate != 0u) {
-        y[i] += v;
-    } else {
-        y[i] = v;
-    }
-}
 
 fn w_at(i: u32) -> f32 {
     if (W_F32) {

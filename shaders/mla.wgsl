@@ -152,17 +152,7 @@ fn page_word(page: u32, i: u32) -> u32 {
     return page_unit(page, i >> 2u)[i & 3u];
 }
 
-// Page geometry (same as indexer.wgsl): returns (page, row in page).
-fn locate(pos: u32) -> vec2<u32> {
-    let doubling_end = p.page0 * ((2u << p.shift_max) - 1u);
-    if (pos < doubling_end) {
-        let i = firstLeadingBit(pos / p.page0 + 1u);
-        return vec2<u32>(i, pos - p.page0 * ((1u << i) - 1u));
-    }
-    let big = p.page0 << p.shift_max;
-    let j = (pos - doubling_end) / big;
-    return vec2<u32>(p.shift_max + 1u + j, pos - doubling_end - j * big);
-}
+#include "lib/page_locate.wgsl"
 
 var<workgroup> qsh: array<f32, 576>;
 var<workgroup> rows_sh: array<u32, 4608>; // BLOCK rows staged with independent, coalesced loads
@@ -324,11 +314,7 @@ fn row_at(slot: u32, b: u32, r1: u32, t: u32, units: u32, lid: u32) {
     }
 }
 
-fn unit_dot(x: vec4<u32>, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let l = bitcast<vec4<f32>>(x << vec4<u32>(16u));
-    let h = bitcast<vec4<f32>>(x & vec4<u32>(0xffff0000u));
-    return dot(vec4<f32>(l.x, h.x, l.y, h.y), a) + dot(vec4<f32>(l.z, h.z, l.w, h.w), b);
-}
+#include "lib/bf16_unit.wgsl"
 
 @compute @workgroup_size(256)
 fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

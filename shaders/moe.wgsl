@@ -20,32 +20,7 @@
 //   moe_combine     y[t, r]      = sum_j wts[pair] yk[pair, r]
 //   mxfp4_dequant   bits of the dequantised matrix (integer-only decode, bit-exact)
 
-struct ExpertParams {
-    tokens: u32,
-    top_k: u32,
-    n_in: u32,
-    n_mid: u32,
-    table_base: u32,
-    num_experts: u32,
-    slot_words4: u32,
-    act: u32,
-    off_w1: u32,
-    off_w3: u32,
-    off_w2: u32,
-    off_s1: u32,
-    off_s3: u32,
-    off_s2: u32,
-    beta: f32,
-    linear_beta: f32,
-}
-
-@group(0) @binding(0) var<uniform> p: ExpertParams;
-@group(0) @binding(1) var<storage, read> pool: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> table: array<u32>;
-@group(0) @binding(3) var<storage, read> idx: array<u32>;
-@group(0) @binding(4) var<storage, read> wts: array<f32>;
-@group(0) @binding(5) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+#include "lib/experts.wgsl"
 @group(0) @binding(7) var<storage, read_write> list: array<u32>;
 @group(0) @binding(8) var<storage, read_write> count: array<u32>;
 
@@ -74,11 +49,6 @@ fn init_lut(lid: u32) {
     workgroupBarrier();
 }
 
-// 2^(s - 127); s = 0 is the subnormal 2^-127.
-fn e8m0(s: u32) -> f32 {
-    return select(bitcast<f32>(s << 23u), bitcast<f32>(0x00400000u), s == 0u);
-}
-
 fn pool_byte(base4: u32, byte: u32) -> u32 {
     let v = pool[base4 + (byte >> 4u)];
     return (v[(byte >> 2u) & 3u] >> (8u * (byte & 3u))) & 0xffu;
@@ -105,28 +75,6 @@ fn bf16_dot8(q: vec4<u32>, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return dot(vec4<f32>(bf2(q.x), bf2(q.y)), a) + dot(vec4<f32>(bf2(q.z), bf2(q.w)), b);
 }
 
-fn tanh_f(v: f32) -> f32 {
-    // tanh via exp of a non-positive argument: no overflow for large |v|.
-    let e = exp(-2.0 * abs(v));
-    return sign(v) * (1.0 - e) / (1.0 + e);
-}
-
-fn sigmoid(v: f32) -> f32 {
-    return 1.0 / (1.0 + exp(-v));
-}
-
-// SiTU-GLU (act = 0) or SiLU-GLU (act = 1) of one (gate, up) pair.
-fn glu(g: f32, u: f32) -> f32 {
-    if (p.act == 1u) {
-        return g * sigmoid(g) * u;
-    }
-    var up = u;
-    if (p.linear_beta > 0.0) {
-        up = p.linear_beta * tanh_f(u / p.linear_beta);
-    }
-    return p.beta * tanh_f(g / p.beta) * sigmoid(g) * up;
-}
-
 // Sums `n` vectors of WG partials in `red`; the totals land in red[v * WG].
 fn reduce(lid: u32, n: u32) {
     workgroupBarrier();
@@ -138,10 +86,6 @@ fn reduce(lid: u32, n: u32) {
         }
         workgroupBarrier();
     }
-}
-
-fn slot_base(e: u32) -> u32 {
-    return table[p.table_base + e] * p.slot_words4;
 }
 
 // Decode, stage 1: grid (ceil(n_mid / ROWS), tokens * top_k).

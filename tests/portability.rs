@@ -48,6 +48,8 @@ fn every_shader_file_is_registered() {
         let stem = path.file_stem().and_then(|s| s.to_str()).expect("utf-8 shader name");
         let embedded = shaders::source(stem).unwrap_or_else(|| panic!("{} is not listed in engine/src/shaders.rs", path.display()));
         let on_disk = std::fs::read_to_string(&path).expect("reading shader");
+        let mut read = |name: &str| std::fs::read_to_string(dir.join(name)).map_err(|e| e.to_string());
+        let on_disk = k31_engine::wgsl_include::expand(&on_disk, &mut read).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         assert_eq!(embedded, on_disk, "{stem}: embedded source differs from the file");
     }
 }

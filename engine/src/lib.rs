@@ -27,3 +27,4 @@ pub mod shaders;
 pub use wgpu;
 pub mod tokenizer;
 pub mod trace;
+pub mod wgsl_include;

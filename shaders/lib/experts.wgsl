@@ -1,0 +1,60 @@
+// The routed-expert kernels' params, shared bindings and scalar helpers (moe.wgsl, moe_sg.wgsl;
+// slot layout in moe.wgsl's header).
+
+struct ExpertParams {
+    tokens: u32,
+    top_k: u32,
+    n_in: u32,
+    n_mid: u32,
+    table_base: u32,
+    num_experts: u32,
+    slot_words4: u32,
+    act: u32,
+    off_w1: u32,
+    off_w3: u32,
+    off_w2: u32,
+    off_s1: u32,
+    off_s3: u32,
+    off_s2: u32,
+    beta: f32,
+    linear_beta: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: ExpertParams;
+@group(0) @binding(1) var<storage, read> pool: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> table: array<u32>;
+@group(0) @binding(3) var<storage, read> idx: array<u32>;
+@group(0) @binding(4) var<storage, read> wts: array<f32>;
+@group(0) @binding(5) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+// 2^(s - 127); s = 0 is the subnormal 2^-127.
+fn e8m0(s: u32) -> f32 {
+    return select(bitcast<f32>(s << 23u), bitcast<f32>(0x00400000u), s == 0u);
+}
+
+fn tanh_f(v: f32) -> f32 {
+    // tanh via exp of a non-positive argument: no overflow for large |v|.
+    let e = exp(-2.0 * abs(v));
+    return sign(v) * (1.0 - e) / (1.0 + e);
+}
+
+fn sigmoid(v: f32) -> f32 {
+    return 1.0 / (1.0 + exp(-v));
+}
+
+// SiTU-GLU (act = 0) or SiLU-GLU (act = 1) of one (gate, up) pair.
+fn glu(g: f32, u: f32) -> f32 {
+    if (p.act == 1u) {
+        return g * sigmoid(g) * u;
+    }
+    var up = u;
+    if (p.linear_beta > 0.0) {
+        up = p.linear_beta * tanh_f(u / p.linear_beta);
+    }
+    return p.beta * tanh_f(g / p.beta) * sigmoid(g) * up;
+}
+
+fn slot_base(e: u32) -> u32 {
+    return table[p.table_base + e] * p.slot_words4;
+}
