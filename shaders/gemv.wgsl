@@ -5,18 +5,10 @@
 // x has `cols` f32 values; y has at least row_offset + rows values.
 // One workgroup per row; rows beyond 65535 fold into a 2-D grid.
 
-struct GemvParams {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    accumulate: u32,
-}
+#include "lib/gemv_out.wgsl"
 
-@group(0) @binding(0) var<uniform> p: GemvParams;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<f32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-#include "lib/store_y.wgsl"
 
 const WG: u32 = 256u;
 var<workgroup> partial: array<f32, WG>;

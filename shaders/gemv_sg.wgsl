@@ -6,15 +6,8 @@
 // operations needs the SUBGROUP feature; adapters without it keep gemv.wgsl.
 // Grid: ceil(rows / RPW) workgroups (folded 2-D past 65535).
 
-struct GemvParams {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    accumulate: u32,
-}
+#include "lib/gemv_out.wgsl"
 
-@group(0) @binding(0) var<uniform> p: GemvParams;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<storage, read> w4: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read> x4: array<vec4<f32>>;
 
@@ -28,7 +21,6 @@ const MAX_RS: u32 = 4u;
 
 var<workgroup> part_sum: array<f32, 256>; // [part][row of the workgroup], RPW * CS <= 256
 
-#include "lib/store_y.wgsl"
 #include "lib/bf16_unit.wgsl"
 
 @compute @workgroup_size(256)
