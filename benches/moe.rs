@@ -85,7 +85,7 @@ fn main() -> anyhow::Result<()> {
         let wts = gpu.storage_from("wts", &vec![1.0f32 / top_k as f32; top_k]);
         let h = gpu.storage("h", (top_k * n_mid * 4) as u64);
         let y = gpu.storage("y", (n_in * 4) as u64);
-        let call = moe::ExpertCall { layer: 0, tokens: 1, top_k, act };
+        let call = moe::ExpertCall { layer: 0, tokens: 1, top_k, act, accumulate: false };
         // Every variant's output against the first one's (same inputs): a kernel experiment
         // that is fast but wrong shows up here.
         let mut first: Option<(&str, Vec<f32>)> = None;
@@ -137,7 +137,7 @@ fn main() -> anyhow::Result<()> {
         let wts = gpu.storage_from("wts", &vec![1.0f32 / top_k as f32; t * top_k]);
         let y = gpu.storage("y", (t * n_in * 4) as u64);
         let scratch = moe::GroupedScratch::new(&gpu, &store, t, top_k);
-        let call = moe::ExpertCall { layer: 0, tokens: t, top_k, act };
+        let call = moe::ExpertCall { layer: 0, tokens: t, top_k, act, accumulate: false };
         let secs = time_gpu(&gpu, 2, 5, |enc, prof| moe::experts_grouped(&gpu, enc, &store, &call, &z, &idx, &wts, &scratch, &y, prof))?;
         let flops = (t * top_k * 3 * n_in * n_mid * 2) as f64;
         let row = Row {

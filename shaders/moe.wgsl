@@ -180,7 +180,7 @@ fn expert_down(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
     }
     reduce(lid, ROWS);
     if (lid < ROWS && row0 + lid < p.n_in) {
-        out[t * p.n_in + row0 + lid] = red[lid * WG];
+        store_out(t * p.n_in + row0 + lid, red[lid * WG]);
     }
 }
 
@@ -404,7 +404,7 @@ fn moe_combine(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workg
         let k = pair * p.n_in + r;
         acc += wts[pair] * x[k / 4u][k % 4u];
     }
-    out[i] = acc;
+    store_out(i, acc);
 }
 
 // Bit pattern of E2M1 nibble * 2^(s - 127), integer-only (subnormals and overflow exact).

@@ -271,6 +271,6 @@ fn expert_down_sgt(
         for (var j = 0u; j < p.top_k; j++) {
             y += wts[t * p.top_k + j] * down_part[j * RPW2 + lid];
         }
-        out[t * p.n_in + row] = y;
+        store_out(t * p.n_in + row, y);
     }
 }

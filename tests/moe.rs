@@ -146,7 +146,7 @@ fn latent_moe_matches_golden_decode_and_grouped() {
     let (logits, z, idx, wts, h, lat) = (buf(t * e), buf(t * lm), buf(t * k), buf(t * k), buf(t * k * 64), buf(t * lm));
     let (lat2, latn, r, s1, s2, s3, y) = (buf(t * lm), buf(t * lm), buf(t * d), buf(t * 128), buf(t * 128), buf(t * 128), buf(t * d));
     let cfg = router_cfg(1, 1, 1.0);
-    let call = moe::ExpertCall { layer: 1, tokens: t, top_k: k, act: SITU };
+    let call = moe::ExpertCall { layer: 1, tokens: t, top_k: k, act: SITU, accumulate: false };
     let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
     run(&gpu, |enc| {
         linear::linear(&gpu, enc, &gate, t, &x, &logits, None).unwrap();
@@ -237,7 +237,7 @@ fn experts_match_reference_at_awkward_shapes() {
         let (zb, ib, wb) = (gpu.storage_from("z", &z), gpu.storage_from("idx", &idx), gpu.storage_from("wts", &wts));
         let h = gpu.storage("h", (t * k * n_mid * 4) as u64);
         let y2 = gpu.storage("y2", (t * n_in * 4) as u64);
-        let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act };
+        let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act, accumulate: false };
         let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
         // Every decode variant the adapter runs (the bf16 store ignores the choice), and the default.
         let variants: Vec<Option<moe::DecodeKernels>> =
@@ -263,6 +263,24 @@ fn experts_match_reference_at_awkward_shapes() {
         let e2 = rel_l2(&gpu.read::<f32>(&y2, t * n_in).unwrap(), &want);
         eprintln!("{format:?} t={t}: decode {e1:.2e}, grouped {e2:.2e}");
         assert!(e1 < 1e-5 && e2 < 1e-5, "{format:?} t={t}: decode {e1}, grouped {e2}");
+        // Accumulating into a residual: every decode variant and the grouped path add to y.
+        let base = support::random_vec(11, t * n_in);
+        let acc_call = moe::ExpertCall { accumulate: true, ..call };
+        let acc_ys: Vec<_> = variants.iter().map(|_| gpu.storage_from("y base", &base)).collect();
+        let acc_y2 = gpu.storage_from("y2 base", &base);
+        run(&gpu, |enc| {
+            for (v, y) in variants.iter().zip(&acc_ys) {
+                moe::experts_decode(&gpu, enc, &store, &acc_call, *v, &zb, &ib, &wb, &h, y, None).unwrap();
+            }
+            moe::experts_grouped(&gpu, enc, &store, &acc_call, &zb, &ib, &wb, &scratch, &acc_y2, None).unwrap();
+        });
+        let want_acc: Vec<f32> = want.iter().zip(&base).map(|(a, b)| a + b).collect();
+        for (v, y) in variants.iter().zip(&acc_ys) {
+            let e = rel_l2(&gpu.read::<f32>(y, t * n_in).unwrap(), &want_acc);
+            assert!(e < 1e-5, "{format:?} t={t}: accumulating decode {}: {e}", v.map_or("default", |v| v.name));
+        }
+        let e = rel_l2(&gpu.read::<f32>(&acc_y2, t * n_in).unwrap(), &want_acc);
+        assert!(e < 1e-5, "{format:?} t={t}: accumulating grouped: {e}");
     }
 }
 

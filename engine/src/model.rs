@@ -21,7 +21,8 @@ pub enum ModelError {
     Input(String),
 }
 
-/// A feed-forward block on the GPU: out [T, d] = ffn(x [T, d]).
+/// A feed-forward block on the GPU: out [T, d] = ffn(x [T, d]), or out += ffn(x) with
+/// `accumulate` (the residual sum in the block's last kernels, no separate add pass).
 pub trait FeedForward: Send + Sync {
     fn forward(
         &self,
@@ -30,6 +31,7 @@ pub trait FeedForward: Send + Sync {
         x: &wgpu::Buffer,
         tokens: usize,
         out: &wgpu::Buffer,
+        accumulate: bool,
         profiler: Option<&mut Profiler>,
     ) -> Result<(), GpuError>;
 }
@@ -216,8 +218,6 @@ impl Model {
         let normed = buf("normed");
         let mixed = buf("mixer out");
         let part = buf("partial block");
-        let ffn_out = buf("ffn out");
-        let next = buf("next carry");
         // Bank of completed blocks, [n, T, d]: the embedding plus one entry per block boundary.
         let block = cfg.attn_res_block_size.unwrap_or(usize::MAX);
         let bank_cap = if cfg.attn_res_block_size.is_some() { cfg.num_layers().div_ceil(block) + 1 } else { 0 };
@@ -297,9 +297,9 @@ impl Model {
                 })));
             }
             rms_norm(g, &mut enc, t, d, eps, h2, &layer.post_attention_norm, &normed, prof.as_deref_mut())?;
-            layer.ffn.forward(g, &mut enc, &normed, t, &ffn_out, prof.as_deref_mut())?;
-            add(g, &mut enc, td, part_now, &ffn_out, &next, prof.as_deref_mut())?;
-            enc.copy_buffer_to_buffer(&next, 0, &carry, 0, (td * 4) as u64);
+            // part_now is dead after this layer's AttnRes: the FFN adds into it in place.
+            layer.ffn.forward(g, &mut enc, &normed, t, part_now, true, prof.as_deref_mut())?;
+            enc.copy_buffer_to_buffer(part_now, 0, &carry, 0, (td * 4) as u64);
             // Hand layers to the GPU as soon as they are recorded, so the GPU runs while
             // the CPU records the next ones (one submission per token serialised the two).
             if (l + 1) % layers_per_submit() == 0 {

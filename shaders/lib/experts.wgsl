@@ -18,6 +18,10 @@ struct ExpertParams {
     off_s2: u32,
     beta: f32,
     linear_beta: f32,
+    accumulate: u32, // 1: the layer output (stage 2 / combine) is added to what out holds
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: ExpertParams;
@@ -53,6 +57,15 @@ fn glu(g: f32, u: f32) -> f32 {
         up = p.linear_beta * tanh_f(u / p.linear_beta);
     }
     return p.beta * tanh_f(g / p.beta) * sigmoid(g) * up;
+}
+
+// Writes one element of the layer output, or adds it (accumulate).
+fn store_out(i: u32, v: f32) {
+    if (p.accumulate != 0u) {
+        out[i] += v;
+    } else {
+        out[i] = v;
+    }
 }
 
 fn slot_base(e: u32) -> u32 {

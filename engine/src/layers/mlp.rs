@@ -50,7 +50,8 @@ impl GluMlp {
         })
     }
 
-    /// out [T, d] = down(act(gate x, up x)), x [T, d].
+    /// out [T, d] = down(act(gate x, up x)), x [T, d]; or out += it (`accumulate`).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         gpu: &Gpu,
@@ -58,13 +59,14 @@ impl GluMlp {
         x: &wgpu::Buffer,
         tokens: usize,
         out: &wgpu::Buffer,
+        accumulate: bool,
         mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
         // Internal scratch goes back to the pool when this layer returns.
         let _scratch = gpu.scratch_scope();
         let (g, u) = self.projection_buffers(gpu, tokens);
         linear_many(gpu, enc, &self.projections(&g, &u), tokens, x, prof.as_deref_mut())?;
-        self.finish(gpu, enc, &g, &u, tokens, out, false, prof)
+        self.finish(gpu, enc, &g, &u, tokens, out, accumulate, prof)
     }
 
     /// Scratch for the gate and up projections of `tokens` tokens.

@@ -25,14 +25,14 @@ pub(crate) fn bf16_bytes(v: &TensorView<'_>, name: &str) -> Result<Vec<u8>, GpuE
 }
 
 impl FeedForward for mlp::GluMlp {
-    fn forward(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, t: usize, out: &wgpu::Buffer, p: Option<&mut Profiler>) -> Result<(), GpuError> {
-        mlp::GluMlp::forward(self, gpu, enc, x, t, out, p)
+    fn forward(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, t: usize, out: &wgpu::Buffer, accumulate: bool, p: Option<&mut Profiler>) -> Result<(), GpuError> {
+        mlp::GluMlp::forward(self, gpu, enc, x, t, out, accumulate, p)
     }
 }
 
 impl FeedForward for moe::MoeBlock {
-    fn forward(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, t: usize, out: &wgpu::Buffer, p: Option<&mut Profiler>) -> Result<(), GpuError> {
-        moe::MoeBlock::forward(self, gpu, enc, x, t, out, p)
+    fn forward(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, x: &wgpu::Buffer, t: usize, out: &wgpu::Buffer, accumulate: bool, p: Option<&mut Profiler>) -> Result<(), GpuError> {
+        moe::MoeBlock::forward(self, gpu, enc, x, t, out, accumulate, p)
     }
 }
 

@@ -9,7 +9,7 @@ use crate::config::{Activation, ExpertFormat, ModelConfig};
 use crate::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::layout::DType;
-use crate::ops::{linear::{linear, linear_many}, moe, norm::rms_norm, router::router_select};
+use crate::ops::{linear::{linear, linear_add, linear_many}, moe, norm::rms_norm, router::router_select};
 
 struct Latent {
     down: GpuTensor,
@@ -95,6 +95,8 @@ impl MoeBlock {
         Ok(MoeBlock { layer, gate, bias, latent, store, shared, cfg: m, act: cfg.activation, hidden: d, eps: cfg.rms_norm_eps })
     }
 
+    /// out [T, d] = MoE(x), or out += MoE(x) (`accumulate`).
+    #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
         gpu: &Gpu,
@@ -102,6 +104,7 @@ impl MoeBlock {
         x: &wgpu::Buffer,
         t: usize,
         out: &wgpu::Buffer,
+        accumulate: bool,
         mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
         // Internal scratch goes back to the pool when this layer returns.
@@ -127,10 +130,10 @@ impl MoeBlock {
             Some(z) => z,
             None => x,
         };
-        // Without a latent projection the experts write the layer's output directly.
         let y_owned = self.latent.as_ref().map(|_| buf("experts out", t * n_in));
         let y = y_owned.as_ref().unwrap_or(out);
-        let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act: self.act };
+        // Without a latent projection the experts write (or add into) the output directly.
+        let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act: self.act, accumulate: accumulate && self.latent.is_none() };
         if t == 1 {
             let h = buf("experts h", t * k * self.cfg.moe_intermediate_size);
             moe::experts_decode(gpu, enc, &self.store, &call, None, z, &idx, &wts, &h, y, prof.as_deref_mut())?;
@@ -148,7 +151,11 @@ impl MoeBlock {
                 }
                 None => y,
             };
-            linear(gpu, enc, &l.up, t, normed, out, prof.as_deref_mut())?;
+            if accumulate {
+                linear_add(gpu, enc, &l.up, t, normed, out, prof.as_deref_mut())?;
+            } else {
+                linear(gpu, enc, &l.up, t, normed, out, prof.as_deref_mut())?;
+            }
         }
         // The shared experts sum into the routed output in place.
         match (&self.shared, &shared_gu) {

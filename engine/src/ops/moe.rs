@@ -12,7 +12,8 @@ shader_params!(
     ExpertParams in "moe" {
         tokens: u32, top_k: u32, n_in: u32, n_mid: u32, table_base: u32, num_experts: u32,
         slot_words4: u32, act: u32, off_w1: u32, off_w3: u32, off_w2: u32, off_s1: u32,
-        off_s3: u32, off_s2: u32, beta: f32, linear_beta: f32,
+        off_s3: u32, off_s2: u32, beta: f32, linear_beta: f32, accumulate: u32, _pad0: u32, _pad1: u32,
+        _pad2: u32,
     }
 );
 
@@ -149,6 +150,8 @@ pub struct ExpertCall {
     pub tokens: usize,
     pub top_k: usize,
     pub act: Activation,
+    /// Add the weighted expert sum to what y holds (a residual) instead of writing it.
+    pub accumulate: bool,
 }
 
 fn expert_params(store: &ExpertStore, c: &ExpertCall) -> Result<ExpertParams, GpuError> {
@@ -180,6 +183,8 @@ fn expert_params(store: &ExpertStore, c: &ExpertCall) -> Result<ExpertParams, Gp
         off_s2: l.off_s[2],
         beta,
         linear_beta,
+        accumulate: c.accumulate as u32,
+        ..Default::default()
     })
 }
 
@@ -331,7 +336,7 @@ pub fn mxfp4_dequant(
     if store.layout.format != ExpertFormat::Mxfp4 || expert >= store.num_experts {
         return Err(GpuError::Shape("mxfp4_dequant: needs an MXFP4 store and a valid expert".into()));
     }
-    let call = ExpertCall { layer, tokens: 1, top_k: 1, act: Activation::Silu };
+    let call = ExpertCall { layer, tokens: 1, top_k: 1, act: Activation::Silu, accumulate: false };
     let mut p = expert_params(store, &call)?;
     p.table_base += expert as u32;
     let n = (store.layout.n_in * store.layout.n_mid) as u32;
