@@ -6,27 +6,31 @@
 // higher rank, so the rule "score desc, then position asc" is plain descending order and the
 // selection is the `k` largest composites. Two dispatches (three for the ordered form):
 //   topk_hist     every workgroup (CHUNK positions) builds a workgroup histogram of the top 12
-//                 key bits and adds it into the row's global histogram; the LAST workgroup to
-//                 finish (a done counter) finds bin b1 holding the k-th key and how many keys
-//                 it still needs from it (need1), and clears the histogram.
-//   topk_gather   keys above b1 go straight to the selection; keys in b1 (the candidates) are
-//                 listed (positions) and histogrammed on key bits 8..19 in global atomics.
-//                 The LAST workgroup refines alone: finds bin b2 (need2 keys still needed),
-//                 walks the candidate list once (keys above b2 selected, keys in b2 - the
-//                 boundary set, a handful unless scores tie - copied to workgroup memory),
-//                 then radix-selects the need2 largest composites of the boundary set in
-//                 workgroup memory (8-bit digits: key bits 0..7, then ~position byte by byte,
-//                 stopping as soon as a bin is taken whole) and selects them.
-//                 Rows with valid <= k select every valid position (no atomics at all).
+//                 key bits and adds it into the row's global histogram. Nothing else: no done
+//                 counter, no last-workgroup step.
+//   topk_gather   every workgroup finds from that histogram the bin b1 of the k-th key and
+//                 need1 (keys still taken from b1); keys above b1 go straight to the selection,
+//                 keys in b1 (the candidates) are listed as (position, key) and histogrammed on
+//                 key bits 8..19 in global atomics. The LAST workgroup to finish (a done
+//                 counter) refines alone: bin b2 of that histogram (need2 keys still needed),
+//                 one walk over the candidate list (keys above b2 selected, keys in b2 - the
+//                 boundary set, a handful unless scores tie - copied to workgroup memory), then
+//                 the need2 largest composites of the boundary set: ranked directly when it has
+//                 at most NB_RANK keys, else radix-selected in workgroup memory (8-bit digits:
+//                 key bits 0..7, then ~position byte by byte, stopping as soon as a bin is taken
+//                 whole). Rows with valid <= k select every valid position (no atomics at all).
 //   topk_rank     (ordered form only) the selection list (exactly min(k, valid) entries,
 //                 unordered) is ranked by counting: rank(e) = #{ j : comp_j > comp_e };
 //                 writes sel / sel_score in that order, -1 / -inf padded.
+// Every dependent global round trip costs ~1.5-2 us on the H200 (docs/perf.md), so the chain is
+// kept short: scores and the histogram load together, the refine's state and histogram loads
+// together, candidates carry their keys (no gather), the rank needs no state read.
 // No workgroup ever waits for another (no spin locks), so it is correct on any adapter
 // whatever the scheduling. A boundary set larger than BCAP (massive ties) is radix-selected
 // straight from the global candidate list (slower, same result).
-// Scratch (host): hist [n_rows, HSTRIDE], state [n_rows, 16], cand [n_rows, row_len],
+// Scratch (host): hist [n_rows, HSTRIDE], state [n_rows, 16], cand [n_rows, row_len, 2],
 // list [n_rows, 2k]; hist and state zero before the first call, and the kernels leave them
-// zero (each histogram cleared by the workgroup that used it, each done counter by the
+// zero (the histograms cleared by the last workgroup of topk_gather, the done counter by the
 // workgroup that saw it full). 1 <= k <= 2048.
 
 struct TopkParams {
@@ -43,10 +47,6 @@ struct TopkParams {
 // ORDERED = false (the `_set` kernels): topk_gather writes sel / sel_score directly, in no
 // particular order, and topk_rank is not run (sparse attention does not need the order).
 override ORDERED: bool = true;
-// true: every topk_gather workgroup finds b1 from the global histogram itself (topk_hist ends
-// at its flush: no done counter, no last-workgroup step); false: topk_hist's last workgroup
-// finds it once.
-override FIND_IN_GATHER: bool = true;
 const WG: u32 = 1024u;
 const ITEMS: u32 = 4u;
 const CHUNK: u32 = 4096u; // WG * ITEMS positions per workgroup (the host's TOPK_CHUNK)
@@ -63,12 +63,9 @@ const RANK_SEGS: u32 = 32u; // RWG / RANK_E threads per entry, each counting ove
 
 // state words per row
 const ST: u32 = 16u;
-const S_DONE1: u32 = 0u;
 const S_DONE2: u32 = 1u;
-const S_COUNT: u32 = 2u; // selected so far (topk_gather); min(k, valid) for topk_rank
+const S_COUNT: u32 = 2u; // selected so far (topk_gather)
 const S_CCOUNT: u32 = 3u; // candidates listed
-const S_B1: u32 = 4u;
-const S_NEED1: u32 = 5u;
 
 @group(0) @binding(0) var<uniform> p: TopkParams;
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
@@ -250,17 +247,6 @@ fn topk_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
             atomicAdd(&hist[off + b], v);
         }
     }
-    if (FIND_IN_GATHER) {
-        return;
-    }
-    if (arrive(row * ST + S_DONE1, nwg.x, lid)) {
-        let r = find_bin_global(off, p.k, lid);
-        if (lid == 0u) {
-            atomicStore(&state[row * ST + S_B1], r.x);
-            atomicStore(&state[row * ST + S_NEED1], r.y);
-        }
-        clear_global(off, BINS, lid);
-    }
 }
 
 // Fixed-bits tests of the boundary refine. The composite is (key, lo = ~position); the top
@@ -288,8 +274,8 @@ fn boundary(row: u32, j: u32, small: bool) -> vec2<u32> {
     if (small) {
         return vec2<u32>(bkey[j], bpos[j]);
     }
-    let pos = atomicLoad(&cand[row * p.row_len + j]);
-    return vec2<u32>(score_key(row, pos), pos);
+    let c = 2u * (row * p.row_len + j);
+    return vec2<u32>(atomicLoad(&cand[c + 1u]), atomicLoad(&cand[c]));
 }
 
 @compute @workgroup_size(WG)
@@ -321,15 +307,11 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
         return;
     }
-    var b1: u32;
-    var need1: u32;
-    if (FIND_IN_GATHER) {
-        let r1 = find_bin_global(row * HSTRIDE, p.k, lid);
-        b1 = r1.x;
-        need1 = r1.y;
-    } else {
-        b1 = atomicLoad(&state[row * ST + S_B1]);
-    }
+    // Every workgroup finds b1 (the bin of the k-th key) and need1 (keys still taken from it)
+    // in the digit-1 histogram: no last-workgroup step in topk_hist.
+    let r1 = find_bin_global(row * HSTRIDE, p.k, lid);
+    let b1 = r1.x;
+    let need1 = r1.y;
     var smask = 0u;
     var cmask = 0u;
     let off2 = row * HSTRIDE + BINS;
@@ -368,7 +350,8 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             o += 1u;
         }
         if ((cmask & (1u << i)) != 0u) {
-            atomicStore(&cand[oc], idx);
+            atomicStore(&cand[2u * oc], idx);
+            atomicStore(&cand[2u * oc + 1u], keys[i]);
             oc += 1u;
         }
     }
@@ -376,20 +359,21 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         return;
     }
     // The refine, in the last workgroup alone.
+    // The state loads are in flight with find_bin_global's histogram loads.
+    var st = vec2<u32>(0u);
     if (lid == 0u) {
-        fb = vec4<u32>(atomicLoad(&state[row * ST + S_CCOUNT]), atomicLoad(&state[row * ST + S_NEED1]), atomicLoad(&state[row * ST + S_COUNT]), 0u);
+        st = vec2<u32>(atomicLoad(&state[row * ST + S_CCOUNT]), atomicLoad(&state[row * ST + S_COUNT]));
+    }
+    let r2 = find_bin_global(off2, need1, lid);
+    if (lid == 0u) {
+        fb = vec4<u32>(st, 0u, 0u);
         atomicStore(&state[row * ST + S_COUNT], p.k);
     }
     let sv = workgroupUniformLoad(&fb);
     let ncand = sv.x;
-    if (FIND_IN_GATHER) {
-        // Every workgroup has read the digit-1 histogram.
-        clear_global(row * HSTRIDE, BINS, lid);
-    } else {
-        need1 = sv.y;
-    }
-    var outo = sv.z; // == k - need1
-    let r2 = find_bin_global(off2, need1, lid);
+    var outo = sv.y; // == k - need1
+    // Every workgroup has read the digit-1 histogram.
+    clear_global(row * HSTRIDE, BINS, lid);
     clear_global(off2, BINS, lid);
     let b2 = r2.x;
     let nb = r2.z;
@@ -402,12 +386,13 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         var ck: array<u32, RI>;
         var cp: array<u32, RI>;
         for (var q = 0u; q < RI; q++) {
-            cp[q] = atomicLoad(&cand[row * p.row_len + min(i0 + q * WG + lid, ncand - 1u)]);
+            let c = 2u * (row * p.row_len + min(i0 + q * WG + lid, ncand - 1u));
+            cp[q] = atomicLoad(&cand[c]);
+            ck[q] = atomicLoad(&cand[c + 1u]);
         }
         var tm = 0u;
         var km = 0u;
         for (var q = 0u; q < RI; q++) {
-            ck[q] = score_key(row, cp[q]);
             if (i0 + q * WG + lid < ncand) {
                 let d = (ck[q] >> 8u) & 0xfffu;
                 if (d > b2) {
@@ -513,7 +498,7 @@ fn topk_rank(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     if (row >= p.n_rows) {
         return;
     }
-    let n = min(atomicLoad(&state[row * ST + S_COUNT]), min(p.k, KMAX));
+    let n = min(valid_len(row), min(p.k, KMAX)); // the list holds exactly min(k, valid) entries
     let lbase = row * p.k * 2u;
     for (var j = lid; j < n; j += RWG) {
         rkey[j] = list[lbase + 2u * j];
@@ -543,9 +528,8 @@ fn topk_rank(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
             for (var s = 0u; s < RANK_SEGS; s++) {
                 r += rcnt[s * RANK_E + lid];
             }
-            let pos = rpos[e];
-            sel[o + r] = i32(pos);
-            sel_score[o + r] = scores[row * p.row_stride + pos];
+            sel[o + r] = i32(rpos[e]);
+            sel_score[o + r] = score_of(rkey[e]);
         } else {
             sel[o + e] = -1;
             sel_score[o + e] = bitcast<f32>(0xff800000u);

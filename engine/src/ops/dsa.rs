@@ -538,7 +538,7 @@ pub struct TopkScratch {
     hist: wgpu::Buffer,
     /// Per-row state words [rows, 16] (done counters zero between calls).
     state: wgpu::Buffer,
-    /// Candidate positions (keys in the boundary bin of the first digit) [rows, row_len].
+    /// Candidates (keys in the boundary bin of the first digit) as (position, key) [rows, row_len, 2].
     cand: wgpu::Buffer,
     /// Unordered selection (key, position) [rows, 2k].
     list: wgpu::Buffer,
@@ -549,7 +549,7 @@ impl TopkScratch {
         if k == 0 || k > MAX_TOPK {
             return Err(shape_err(format!("top-k: k = {k} unsupported (1..={MAX_TOPK})")));
         }
-        let cand_bytes = (rows * row_len.max(1) * 4) as u64;
+        let cand_bytes = (rows * row_len.max(1) * 8) as u64;
         let hist_bytes = (rows * TOPK_HSTRIDE * 4) as u64;
         for (what, bytes) in [("top-k candidate lists", cand_bytes), ("top-k histograms", hist_bytes)] {
             if bytes > gpu.caps.max_binding {
@@ -654,7 +654,7 @@ fn topk_impl(
     let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 3] = [
         (TOPK_HIST, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
         (gather, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score)], chunks),
-        (TOPK_RANK, vec![(0, &u), (1, scores), (3, st), (5, list), (6, sel), (7, sel_score)], ranks),
+        (TOPK_RANK, vec![(0, &u), (5, list), (6, sel), (7, sel_score)], ranks),
     ];
     let mut prepared = Vec::with_capacity(steps.len());
     for (kernel, entries, gx) in steps.iter().take(if ordered { 3 } else { 2 }) {
