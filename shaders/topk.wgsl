@@ -386,9 +386,12 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         var ck: array<u32, RI>;
         var cp: array<u32, RI>;
         for (var q = 0u; q < RI; q++) {
-            let c = 2u * (row * p.row_len + min(i0 + q * WG + lid, ncand - 1u));
-            cp[q] = atomicLoad(&cand[c]);
-            ck[q] = atomicLoad(&cand[c + 1u]);
+            // Only real entries: clamped indices would pile atomic loads onto one address.
+            if (i0 + q * WG + lid < ncand) {
+                let c = 2u * (row * p.row_len + i0 + q * WG + lid);
+                cp[q] = atomicLoad(&cand[c]);
+                ck[q] = atomicLoad(&cand[c + 1u]);
+            }
         }
         var tm = 0u;
         var km = 0u;
