@@ -2,11 +2,12 @@
 //! 576-wide bf16 rows), each timed separately per token per layer at several context lengths
 //! with random cache data, next to the copy bandwidth measured in the same run.
 //! Run: `cargo bench --bench dsa` (`--quick` for small sizes, `--smoke` for one tiny run of every path,
-//! `--json FILE` to save rows, `--indexer` for the indexer rows and checks only,
+//! `--json FILE` to save rows, `--indexer` for the indexer rows and checks only, `--topk` for the
+//! top-k rows and checks only (4K..1M, ordered and set, 200K with ties, a prefill block),
 //! `--torch` to also run the PyTorch reference on the same GPU: naive indexer + torch.topk +
 //! gathered absorbed attention; needs python3 with CUDA torch).
 
-use k31_engine::bench::{copy_bandwidth, time_gpu, Row};
+use k31_engine::bench::{copy_bandwidth, time_back_to_back, time_gpu, Row};
 use k31_engine::gpu::Profiler;
 use k31_engine::gpu::{Gpu, GpuTensor};
 use k31_engine::layout::DType;
@@ -153,10 +154,17 @@ fn main() -> anyhow::Result<()> {
     let torch = args.iter().any(|a| a == "--torch");
     // --indexer: only the indexer rows and checks (saves device time).
     let indexer_only = args.iter().any(|a| a == "--indexer");
+    // --topk: only the top-k rows and checks.
+    let topk_only = args.iter().any(|a| a == "--topk");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}  (max binding {} MiB)", gpu.describe(), gpu.caps.max_binding >> 20);
-    let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
+    let copy = copy_bandwidth(&gpu, if quick || topk_only { 64 << 20 } else { 1 << 30 })? / 1e9;
     println!("copy bandwidth (read+write): {copy:.1} GB/s");
+    if topk_only {
+        let mut rows = Vec::new();
+        topk_bench(&gpu, copy, wu, reps, quick, &mut rows)?;
+        return save(json_out, &gpu, copy, &rows, serde_json::Value::Null);
+    }
     let sizes: Vec<usize> = if smoke {
         vec![4096]
     } else if quick {
@@ -356,6 +364,90 @@ fn main() -> anyhow::Result<()> {
         torch_json = serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::Null);
     }
     save(json_out, &gpu, copy, &rows, torch_json)
+}
+
+/// `--topk`: only the top-k rows, every one checked against the CPU reference in the same run:
+/// top-2048 of random rows from 4K to 1M (ordered and as a set), the acceptance row (200K),
+/// ties at the k-th, a causal prefill block, the per-dispatch breakdown and the launch floor.
+fn topk_bench(gpu: &Gpu, copy: f64, wu: usize, reps: usize, quick: bool, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let push = |rows: &mut Vec<Row>, name: String, t: f64, bytes: f64| {
+        let row = Row { name, time_us: t * 1e6, rate: bytes / t / 1e9, ceiling: copy, unit: "GB/s" };
+        row.print();
+        rows.push(row);
+    };
+    // The floor: empty dispatches of one workgroup, one pass.
+    for n in [1usize, 2, 3] {
+        let t = time_gpu(gpu, wu, reps, |enc, prof| dsa::topk_probe(gpu, enc, n, prof))?;
+        push(rows, format!("top-k probe: {n} empty dispatches in one pass"), t, 0.0);
+        let t = time_back_to_back(gpu, wu, reps, 20, |enc, _| dsa::topk_probe(gpu, enc, n, None))?;
+        push(rows, format!("top-k probe: {n} empty dispatches in one pass, 20 back to back"), t, 0.0);
+    }
+    let sizes: Vec<usize> = if quick { vec![4096, 32768, 204800] } else { vec![4096, 32768, 131072, 204800, 524288, 1048576] };
+    let k = TOPK;
+    let sel = gpu.storage("sel", (k * 4) as u64);
+    let sel_s = gpu.storage("sel scores", (k * 4) as u64);
+    for &n in &sizes {
+        for (kind, label) in [(0, "random"), (1, "ties at the k-th")] {
+            if kind == 1 && n != 204800 {
+                continue;
+            }
+            let mut v = random(9, n);
+            if kind == 1 {
+                // Scores on 129 levels: the 2048th tied with ~1600 others spread over the row.
+                v.iter_mut().for_each(|x| *x = (*x * 64.0).round());
+            }
+            let scores = gpu.storage_from("scores", &v);
+            let scratch = TopkScratch::new(gpu, 1, n, k)?;
+            let t = time_gpu(gpu, wu, reps, |enc, prof| dsa::topk_set(gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+            push(rows, format!("top-{k} set of {n} {label} scores"), t, (n * 4) as f64);
+            report_check(format!("top-{k} set of {n} {label} vs CPU reference"), check_topk_set(gpu, &scores, n, &sel, k)?);
+            let t = time_gpu(gpu, wu, reps, |enc, prof| dsa::topk(gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
+            push(rows, format!("top-{k} ordered of {n} {label} scores"), t, (n * 4) as f64);
+            report_check(format!("top-{k} ordered of {n} {label} vs CPU reference"), check_topk(gpu, &scores, n, &sel, k)?);
+            // Steady state: 20 calls back to back in one submission (GPU clocks up, no per-pass
+            // timestamps), the cost inside a model's command stream.
+            let t = time_back_to_back(gpu, wu, reps, 20, |enc, _| dsa::topk_set(gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, None))?;
+            push(rows, format!("top-{k} set of {n} {label} scores, 20 back to back"), t, (n * 4) as f64);
+            let t = time_back_to_back(gpu, wu, reps, 20, |enc, _| dsa::topk(gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, None))?;
+            push(rows, format!("top-{k} ordered of {n} {label} scores, 20 back to back"), t, (n * 4) as f64);
+            report_check(format!("top-{k} ordered of {n} {label} after back to back"), check_topk(gpu, &scores, n, &sel, k)?);
+            if n == 204800 {
+                dsa::set_topk_split_passes(true);
+                for ordered in [false, true] {
+                    let b = breakdown(gpu, |enc, prof| {
+                        if ordered {
+                            dsa::topk(gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof)
+                        } else {
+                            dsa::topk_set(gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof)
+                        }
+                    })?;
+                    println!("  top-{k} {} of {n} {label}, one pass per dispatch: {b}", if ordered { "ordered" } else { "set" });
+                }
+                dsa::set_topk_split_passes(false);
+            }
+        }
+    }
+    // A causal prefill block: 16 rows of 32K, row r valid up to 32K - 16 + r.
+    let (nr, len) = (16usize, 32768usize);
+    let v = random(123, nr * len);
+    let scores = gpu.storage_from("prefill scores", &v);
+    let scratch = TopkScratch::new(gpu, nr, len, k)?;
+    let psel = gpu.storage("prefill sel", (nr * k * 4) as u64);
+    let psc = gpu.storage("prefill sel scores", (nr * k * 4) as u64);
+    let t = time_gpu(gpu, wu, reps, |enc, prof| dsa::topk(gpu, enc, &scratch, &scores, len, nr, len - nr, len, &psel, &psc, prof))?;
+    push(rows, format!("top-{k} ordered, prefill block of {nr} rows of {len}"), t, (nr * len * 4) as f64);
+    let got: Vec<i32> = gpu.read(&psel, nr * k)?;
+    let mut bad = 0;
+    for r in 0..nr {
+        let row: Vec<f64> = v[r * len..(r + 1) * len].iter().map(|&x| x as f64).collect();
+        let want = refdsa::topk(&row, len - nr + r + 1, k);
+        bad += (0..k).filter(|&i| want.get(i).map_or(-1, |&w| w as i32) != got[r * k + i]).count();
+    }
+    report_check(
+        format!("top-{k} prefill block of {nr} rows vs CPU reference"),
+        if bad == 0 { "exact".into() } else { format!("MISMATCH at {bad} ranks") },
+    );
+    Ok(())
 }
 
 fn save(json_out: Option<String>, gpu: &Gpu, copy: f64, rows: &[Row], torch_json: serde_json::Value) -> anyhow::Result<()> {

@@ -66,11 +66,11 @@ pub const INDEX_SCORES_COOP_F16: Kernel = Kernel::new("index_scores_coop_f16", "
     .coopmat()
     .subgroups();
 pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
-pub const TOPK_HIST2: Kernel = Kernel::new("topk_hist2", "topk", "topk_hist2");
-pub const TOPK_HIST3: Kernel = Kernel::new("topk_hist3", "topk", "topk_hist3");
+pub const TOPK_GATHER: Kernel = Kernel::new("topk_gather", "topk", "topk_gather");
 pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
-pub const TOPK_HIST2_SET: Kernel = Kernel::new("topk_hist2_set", "topk", "topk_hist2").with_constants(&[("ORDERED", 0.0)]);
-pub const TOPK_HIST3_SET: Kernel = Kernel::new("topk_hist3_set", "topk", "topk_hist3").with_constants(&[("ORDERED", 0.0)]);
+pub const TOPK_GATHER_SET: Kernel = Kernel::new("topk_gather_set", "topk", "topk_gather").with_constants(&[("ORDERED", 0.0)]);
+/// Bench probe: an empty dispatch (launch and drain floor), see [`topk_probe`].
+pub const TOPK_NOOP: Kernel = Kernel::new("topk_noop", "topk", "topk_noop");
 pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
 pub const MLA_ATTEND_GROUPED: Kernel = Kernel::new("mla_attend_grouped", "mla", "mla_attend_grouped");
@@ -88,11 +88,10 @@ pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_COOP,
     INDEX_SCORES_COOP_F16,
     TOPK_HIST,
-    TOPK_HIST2,
-    TOPK_HIST3,
+    TOPK_GATHER,
     TOPK_RANK,
-    TOPK_HIST2_SET,
-    TOPK_HIST3_SET,
+    TOPK_GATHER_SET,
+    TOPK_NOOP,
     MLA_ABSORB,
     MLA_ATTEND,
     MLA_ATTEND_GROUPED,
@@ -120,11 +119,11 @@ pub const MAX_TOPK: usize = 2048;
 /// Page bindings of the paged caches (indexer.wgsl k0..k15, mla.wgsl c0..c15).
 pub const MAX_PAGES: usize = 16;
 /// Positions per top-k workgroup (topk.wgsl CHUNK).
-const TOPK_CHUNK: usize = 2048;
+const TOPK_CHUNK: usize = 4096;
 /// Selection entries ranked per workgroup (topk.wgsl RANK_E).
-const TOPK_RANK_E: usize = 32;
-/// Global histogram words per row (topk.wgsl HSTRIDE: 4096 + 4096 + 256 bins).
-const TOPK_HSTRIDE: usize = 8448;
+const TOPK_RANK_E: usize = 8;
+/// Global histogram words per row (topk.wgsl HSTRIDE: 4096 + 4096 bins).
+const TOPK_HSTRIDE: usize = 8192;
 /// Pages stop doubling at this size: very large buffers gained nothing and the first
 /// H200 run slowed down past 1 GiB pages.
 const PAGE_BYTES_CAP: u64 = 256 << 20;
@@ -535,12 +534,12 @@ pub struct TopkScratch {
     pub rows: usize,
     pub row_len: usize,
     pub k: usize,
-    /// Global histograms [rows, 8448] (zero between calls).
+    /// Global histograms [rows, 8192] (zero between calls).
     hist: wgpu::Buffer,
     /// Per-row state words [rows, 16] (done counters zero between calls).
     state: wgpu::Buffer,
-    /// Per-workgroup boundary-key counts and lists [rows, nwg * (2048 + 1)].
-    wgd: wgpu::Buffer,
+    /// Candidates (keys in the boundary bin of the first digit) as (position, key) [rows, row_len, 2].
+    cand: wgpu::Buffer,
     /// Unordered selection (key, position) [rows, 2k].
     list: wgpu::Buffer,
 }
@@ -550,10 +549,9 @@ impl TopkScratch {
         if k == 0 || k > MAX_TOPK {
             return Err(shape_err(format!("top-k: k = {k} unsupported (1..={MAX_TOPK})")));
         }
-        let nwg = row_len.div_ceil(TOPK_CHUNK).max(1);
-        let wgd_bytes = (rows * nwg * (TOPK_CHUNK + 1) * 4) as u64;
+        let cand_bytes = (rows * row_len.max(1) * 8) as u64;
         let hist_bytes = (rows * TOPK_HSTRIDE * 4) as u64;
-        for (what, bytes) in [("top-k boundary lists", wgd_bytes), ("top-k histograms", hist_bytes)] {
+        for (what, bytes) in [("top-k candidate lists", cand_bytes), ("top-k histograms", hist_bytes)] {
             if bytes > gpu.caps.max_binding {
                 return Err(GpuError::TooLarge { what: what.into(), needed: bytes, limit: gpu.caps.max_binding });
             }
@@ -564,7 +562,7 @@ impl TopkScratch {
             k,
             hist: gpu.storage("topk hist", hist_bytes),
             state: gpu.storage("topk state", (rows * 16 * 4) as u64),
-            wgd: gpu.storage("topk per-workgroup", wgd_bytes),
+            cand: gpu.storage("topk candidates", cand_bytes),
             list: gpu.storage("topk list", (rows * k * 2 * 4) as u64),
         })
     }
@@ -572,7 +570,7 @@ impl TopkScratch {
 
 /// Top-k of `n_rows` score rows (stride `row_stride`), row r valid on
 /// `[0, min(pos0 + r + 1, row_len))`. Writes sel [n_rows, k] i32 (score desc, position asc,
-/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, four dispatches (topk.wgsl).
+/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, three dispatches (topk.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn topk(
     gpu: &Gpu,
@@ -591,7 +589,7 @@ pub fn topk(
 }
 
 /// [`topk`]'s selection as a set: the same positions (and their scores), in no particular
-/// order within the first min(k, valid) slots (-1 padded after). Three dispatches: what sparse
+/// order within the first min(k, valid) slots (-1 padded after). Two dispatches: what sparse
 /// attention needs when nobody reads the selection in rank order.
 #[allow(clippy::too_many_arguments)]
 pub fn topk_set(
@@ -650,20 +648,31 @@ fn topk_impl(
     let max = gpu.caps.max_workgroups_per_dim;
     let (ry, rz) = if n_rows as u32 <= max { (n_rows as u32, 1) } else { (max, (n_rows as u32).div_ceil(max)) };
     check_groups(gpu, "topk", [chunks, ry, rz])?;
-    let (sc, st, wgd, list) = (&scratch.hist, &scratch.state, &scratch.wgd, &scratch.list);
+    let (sc, st, cand, list) = (&scratch.hist, &scratch.state, &scratch.cand, &scratch.list);
     // Each entry point binds only what it uses (automatic layouts).
-    let (hist2, hist3) = if ordered { (TOPK_HIST2, TOPK_HIST3) } else { (TOPK_HIST2_SET, TOPK_HIST3_SET) };
-    let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 4] = [
+    let gather = if ordered { TOPK_GATHER } else { TOPK_GATHER_SET };
+    let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 3] = [
         (TOPK_HIST, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
-        (hist2, vec![(0, &u), (1, scores), (2, sc), (3, st), (5, list), (6, sel), (7, sel_score)], chunks),
-        (hist3, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, wgd), (5, list), (6, sel), (7, sel_score)], chunks),
-        (TOPK_RANK, vec![(0, &u), (1, scores), (3, st), (5, list), (6, sel), (7, sel_score)], ranks),
+        (gather, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score)], chunks),
+        (TOPK_RANK, vec![(0, &u), (5, list), (6, sel), (7, sel_score)], ranks),
     ];
     let mut prepared = Vec::with_capacity(steps.len());
-    for (kernel, entries, gx) in steps.iter().take(if ordered { 4 } else { 3 }) {
+    for (kernel, entries, gx) in steps.iter().take(if ordered { 3 } else { 2 }) {
         let pipeline = gpu.pipelines.get(gpu, kernel)?;
         let bind = make_bind(gpu, &pipeline, kernel, entries);
         prepared.push((pipeline, bind, *gx));
+    }
+    if TOPK_SPLIT_PASSES.load(std::sync::atomic::Ordering::Relaxed) {
+        // Diagnostic: one labelled pass per dispatch.
+        let mut profiler = profiler;
+        for ((pipeline, bind, gx), (kernel, _, _)) in prepared.iter().zip(&steps) {
+            let timestamp_writes = profiler.as_deref_mut().and_then(|p| p.pass(kernel.name));
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, bind, &[]);
+            pass.dispatch_workgroups(*gx, ry, rz);
+        }
+        return Ok(());
     }
     let timestamp_writes = profiler.and_then(|p| p.pass("topk"));
     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("topk"), timestamp_writes });
@@ -671,6 +680,31 @@ fn topk_impl(
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
         pass.dispatch_workgroups(*gx, ry, rz);
+    }
+    Ok(())
+}
+
+static TOPK_SPLIT_PASSES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Bench diagnostic: record each top-k dispatch in its own labelled pass (per-dispatch times
+/// in a profile; adds a pass boundary per dispatch). Returns the previous setting.
+pub fn set_topk_split_passes(on: bool) -> bool {
+    TOPK_SPLIT_PASSES.swap(on, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Bench probe: `n` empty one-workgroup dispatches in one labelled pass, each depending on the
+/// last (they share a read-write binding): the launch and drain floor of a multi-dispatch op.
+pub fn topk_probe(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, n: usize, profiler: Option<&mut Profiler>) -> Result<(), GpuError> {
+    let st = &gpu.storage("topk probe state", 64);
+    let u = gpu.uniform("topk params", &TopkParams::default());
+    let pipeline = gpu.pipelines.get(gpu, &TOPK_NOOP)?;
+    let bind = make_bind(gpu, &pipeline, &TOPK_NOOP, &[(0, &u), (3, st)]);
+    let timestamp_writes = profiler.and_then(|p| p.pass("topk probe"));
+    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("topk probe"), timestamp_writes });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind, &[]);
+    for _ in 0..n {
+        pass.dispatch_workgroups(1, 1, 1);
     }
     Ok(())
 }
