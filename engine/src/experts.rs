@@ -24,7 +24,7 @@ pub struct SlotLayout {
 impl SlotLayout {
     pub fn new(format: ExpertFormat, n_in: usize, n_mid: usize) -> Result<SlotLayout, GpuError> {
         let align = if format == ExpertFormat::Mxfp4 { 32 } else { 8 };
-        if n_in == 0 || n_mid == 0 || n_in % align != 0 || n_mid % align != 0 {
+        if n_in == 0 || n_mid == 0 || !n_in.is_multiple_of(align) || !n_mid.is_multiple_of(align) {
             return Err(GpuError::Shape(format!(
                 "expert store: widths {n_in} (in) and {n_mid} (intermediate) must be positive multiples of {align} for {format:?} experts"
             )));

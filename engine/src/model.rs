@@ -24,6 +24,7 @@ pub enum ModelError {
 /// A feed-forward block on the GPU: out [T, d] = ffn(x [T, d]), or out += ffn(x) with
 /// `accumulate` (the residual sum in the block's last kernels, no separate add pass).
 pub trait FeedForward: Send + Sync {
+    #[allow(clippy::too_many_arguments)]
     fn forward(
         &self,
         gpu: &Gpu,

@@ -69,7 +69,7 @@ pub fn summarize(index: usize, a: &wgpu::Adapter) -> AdapterSummary {
         device_type: format!("{:?}", info.device_type),
         driver: info.driver.clone(),
         driver_info: info.driver_info.clone(),
-        max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size as u64,
+        max_storage_buffer_binding_size: limits.max_storage_buffer_binding_size,
         max_buffer_size: limits.max_buffer_size,
         max_compute_workgroup_storage_size: limits.max_compute_workgroup_storage_size,
         max_compute_invocations_per_workgroup: limits.max_compute_invocations_per_workgroup,

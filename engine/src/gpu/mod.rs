@@ -159,7 +159,7 @@ impl Gpu {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         // wgpu rejects zero-sized bindings; keep one word so empty inputs still bind.
         let padded;
-        let contents = if bytes.len() % 4 != 0 || bytes.is_empty() {
+        let contents = if !bytes.len().is_multiple_of(4) || bytes.is_empty() {
             let mut v = bytes.to_vec();
             v.resize(bytes.len().div_ceil(4).max(1) * 4, 0);
             padded = v;

@@ -59,7 +59,7 @@ impl GpuTensor {
             )));
         }
         let rows = shape.first().copied().unwrap_or(1);
-        let row_bytes = if rows == 0 { 0 } else { data.len() / rows };
+        let row_bytes = data.len().checked_div(rows).unwrap_or(0);
         let limit = max_chunk_bytes.unwrap_or(gpu.caps.max_binding).min(gpu.caps.max_binding);
         let per = if row_bytes == 0 { rows.max(1) } else { rows_per_chunk(row_bytes, limit)? };
         let mut chunks = Vec::new();

@@ -20,7 +20,7 @@ pub fn copy(
     bytes: u64,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    if bytes % 16 != 0 || src.size() < bytes || dst.size() < bytes || bytes > gpu.caps.max_binding {
+    if !bytes.is_multiple_of(16) || src.size() < bytes || dst.size() < bytes || bytes > gpu.caps.max_binding {
         return Err(GpuError::Shape(format!("copy of {bytes} bytes: needs a multiple of 16 within both buffers and one binding")));
     }
     let pipeline = gpu.pipelines.get(gpu, &COPY_VEC4)?;

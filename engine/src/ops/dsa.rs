@@ -130,7 +130,7 @@ const PAGE_BYTES_CAP: u64 = 256 << 20;
 
 /// The indexer kernel specialised on `heads` x `head_dim` (built once per shape).
 pub fn index_kernel(heads: usize, head_dim: usize) -> Result<Kernel, GpuError> {
-    if heads == 0 || heads > 32 || heads % 4 != 0 || head_dim == 0 || head_dim % 8 != 0 || head_dim > 128 {
+    if heads == 0 || heads > 32 || !heads.is_multiple_of(4) || head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > 128 {
         return Err(GpuError::Shape(format!(
             "indexer: {heads} heads x {head_dim} unsupported (needs heads a multiple of 4 up to 32, head_dim a multiple of 8 up to 128)"
         )));
@@ -211,7 +211,7 @@ pub struct PagedRows {
 impl PagedRows {
     /// A store for up to `max_rows` rows whose first page holds `page0` rows (a power of two).
     pub fn new(gpu: &Gpu, label: &str, width: usize, page0: usize, max_rows: usize) -> Result<PagedRows, GpuError> {
-        if width == 0 || width % 8 != 0 {
+        if width == 0 || !width.is_multiple_of(8) {
             return Err(shape_err(format!("{label}: row width {width} must be a positive multiple of 8")));
         }
         if page0 == 0 || !page0.is_power_of_two() || page0 > (1 << 20) {
@@ -735,7 +735,7 @@ impl MlaDims {
         self.latent + self.rope
     }
     fn check(&self) -> Result<(), GpuError> {
-        if self.latent % 2 != 0 || self.latent > 512 || self.width() > 576 || self.width() % 8 != 0 {
+        if !self.latent.is_multiple_of(2) || self.latent > 512 || self.width() > 576 || !self.width().is_multiple_of(8) {
             return Err(shape_err(format!(
                 "MLA: latent {} + rope {} unsupported (latent even and <= 512, latent + rope a multiple of 8 and <= 576)",
                 self.latent, self.rope

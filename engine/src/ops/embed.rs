@@ -26,7 +26,7 @@ pub fn embed(
 ) -> Result<(), GpuError> {
     let d = table.row_len();
     let (kernel, binding) = match table.dtype {
-        DType::BF16 if d % 2 == 0 => (EMBED_BF16, 2),
+        DType::BF16 if d.is_multiple_of(2) => (EMBED_BF16, 2),
         DType::F32 => (EMBED_F32, 4),
         dt => return Err(GpuError::Shape(format!("embed: {} is {} with width {d}; bf16 (even width) or f32 only", table.label, dt.name()))),
     };

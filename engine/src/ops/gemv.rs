@@ -109,7 +109,7 @@ pub fn gemv_into(
     accumulate: bool,
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    let v4 = w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] % 8 == 0;
+    let v4 = w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1].is_multiple_of(8);
     let (kernel, binding) = match w.dtype {
         DType::BF16 if v4 => (fast.unwrap_or(if gpu.caps.subgroups { GEMV_BF16_SG } else { GEMV_BF16_V4 }), 5),
         DType::BF16 => (GEMV_BF16, 1),
@@ -156,7 +156,7 @@ pub fn gemv_many(
     let cols = pairs.first().map_or(0, |(w, _)| w.shape.get(1).copied().unwrap_or(0));
     let fits = gpu.caps.subgroups
         && gpu.caps.max_storage_buffers >= 9
-        && cols % 8 == 0
+        && cols.is_multiple_of(8)
         && pairs.iter().all(|(w, _)| w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] == cols);
     if !fits || pairs.len() < 2 {
         for (w, y) in pairs {

@@ -216,7 +216,7 @@ impl KdaGeom {
     /// The kernels' preconditions.
     pub fn check(&self) -> Result<(), GpuError> {
         let k = self.head_dim;
-        if k == 0 || k % 16 != 0 || k > 256 {
+        if k == 0 || !k.is_multiple_of(16) || k > 256 {
             return Err(GpuError::Shape(format!("kda: head_dim {k} must be a multiple of 16 in 16..=256")));
         }
         if self.heads == 0 || self.taps == 0 {
@@ -584,7 +584,7 @@ impl ChunkPath {
     /// docs/perf.md) and its f16 operands put it at ~3e-4 relative error, above the 1e-4
     /// every KDA path is held to, so it runs only with `K31_KDA_COOP=1`.
     pub fn available(gpu: &Gpu, geom: &KdaGeom) -> Vec<ChunkPath> {
-        let coop = gpu.caps.coopmat && gpu.caps.subgroups && geom.head_dim <= COOP_KMAX && geom.head_dim % COOP_BV == 0;
+        let coop = gpu.caps.coopmat && gpu.caps.subgroups && geom.head_dim <= COOP_KMAX && geom.head_dim.is_multiple_of(COOP_BV);
         let prefer_coop = std::env::var("K31_KDA_COOP").is_ok_and(|v| v == "1");
         match (coop, prefer_coop) {
             (true, true) => vec![ChunkPath::Coop, ChunkPath::Simt],

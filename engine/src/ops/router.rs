@@ -35,7 +35,7 @@ pub fn router_select(
 ) -> Result<(), GpuError> {
     let groups = cfg.num_expert_group.max(1);
     let limited = groups > 1 && cfg.topk_group < groups;
-    if experts == 0 || experts > MAX_EXPERTS || top_k == 0 || top_k > experts || top_k > 64 || experts % groups != 0 {
+    if experts == 0 || experts > MAX_EXPERTS || top_k == 0 || top_k > experts || top_k > 64 || !experts.is_multiple_of(groups) {
         return Err(GpuError::Shape(format!(
             "router: {experts} experts (at most {MAX_EXPERTS}, divisible by {groups} groups) with top_k {top_k} (1..=64)"
         )));

@@ -16,7 +16,7 @@ pub fn e2m1(nibble: u8) -> f32 {
 /// Dequantises an MXFP4 matrix: `packed` [rows, cols/2] (even column = low nibble),
 /// `scales` [rows, cols/32] (E8M0: 2^(s-127)).
 pub fn dequant_mxfp4(packed: &[u8], scales: &[u8], rows: usize, cols: usize) -> Vec<f32> {
-    assert!(cols % 32 == 0 && packed.len() == rows * cols / 2 && scales.len() == rows * cols / 32);
+    assert!(cols.is_multiple_of(32) && packed.len() == rows * cols / 2 && scales.len() == rows * cols / 32);
     let mut out = Vec::with_capacity(rows * cols);
     for r in 0..rows {
         for c in 0..cols {
