@@ -347,7 +347,7 @@ fn attn_res_wide_matches_reference() {
 #[test]
 fn gemv_fast_path_and_linear_match_reference() {
     let Some(gpu) = support::gpu() else { return };
-    for (rows, cols, t) in [(1, 8, 1), (17, 64, 3), (33, 136, 1), (301, 264, 1), (127, 40, 33), (65, 17, 2)] {
+    for (rows, cols, t) in [(1, 8, 1), (17, 64, 3), (33, 136, 1), (301, 264, 1), (127, 40, 33), (65, 17, 2), (5, 20, 1)] {
         let w = bf16_round(&support::random_vec(rows as u64, rows * cols));
         let wt = bf16_tensor(&gpu, "w", rows, cols, &w);
         let x = support::random_vec(5, t * cols);
