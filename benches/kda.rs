@@ -120,9 +120,12 @@ fn main() -> anyhow::Result<()> {
     let geom = KdaGeom { heads, head_dim: dk, taps: 4, gate: KdaGate::Bounded { lower_bound: -5.0 }, post_conv: false };
     let p = geom.proj();
     let rnd = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| (((i * 7919) % 1013) as f32 / 1013.0 - 0.5) * s).collect() };
-    let qkv = gpu.storage_from("qkv", &rnd(t_len * 3 * p, 2.0));
-    let f = gpu.storage_from("f", &rnd(t_len * p, 2.0));
-    let b = gpu.storage_from("b", &rnd(t_len * heads, 4.0));
+    // Decode reads one token's inputs: --decode-only binds no prefill-sized buffers (1.2 GB
+    // of qkv at T = 8192 is past lavapipe's 128 MiB binding limit).
+    let input_rows = if decode_only { 1 } else { t_len };
+    let qkv = gpu.storage_from("qkv", &rnd(input_rows * 3 * p, 2.0));
+    let f = gpu.storage_from("f", &rnd(input_rows * p, 2.0));
+    let b = gpu.storage_from("b", &rnd(input_rows * heads, 4.0));
     let conv_w = gpu.storage_from("conv", &rnd(3 * p * 4, 1.0));
     let a_log = gpu.storage_from("a_log", &vec![1.0f32; heads]);
     let dt_bias = gpu.storage_from("dt", &rnd(p, 1.0));
