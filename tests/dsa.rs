@@ -657,3 +657,15 @@ fn preset_report(preset: &str) {
         eprintln!("{preset} layer {layer}: sparse rows, mean per head: {:?}", sparse.mean);
     }
 }
+
+/// The sparse-MLA default is the grouped kernel only where its workgroup memory fits the
+/// adapter; the per-head fallback fits every adapter with 32 KiB.
+#[test]
+fn mla_default_fits_the_adapters_workgroup_memory() {
+    let Some(gpu) = support::gpu() else { return };
+    let grouped = gpu.pipelines.fits(&gpu, &dsa::MLA_ATTEND_GROUPED).expect("grouped kernel");
+    assert!(gpu.pipelines.fits(&gpu, &dsa::MLA_ATTEND).expect("per-head kernel"));
+    let want = if grouped { dsa::MlaVariant::Grouped } else { dsa::MlaVariant::PerHead };
+    assert_eq!(dsa::MlaVariant::default_for(&gpu).expect("default"), want);
+    eprintln!("workgroup memory limit {} B: grouped fits: {grouped}", gpu.caps.max_workgroup_storage);
+}

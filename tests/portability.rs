@@ -81,21 +81,17 @@ fn every_shader_validates_and_translates() {
 /// lavapipe enforce the 32 KiB it reports.
 const MAX_WORKGROUP_BYTES: u32 = 48 * 1024;
 
-/// Workgroup memory the entry point uses (after override constants are applied).
-fn workgroup_bytes(module: &naga::Module, info: &naga::valid::ModuleInfo, entry: &str) -> u32 {
-    let index = module.entry_points.iter().position(|e| e.name == entry).expect("entry point");
-    let uses = info.get_entry_point(index);
-    module
-        .global_variables
-        .iter()
-        .filter(|(h, v)| v.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
-        .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()))
-        .sum()
-}
+/// Kernels that ops fall back to on adapters with 32 KiB of workgroup memory (Metal, DX12).
+const PORTABLE_FALLBACKS: &[&str] = &["mla_attend", "kda_chunk_state16"];
 
 #[test]
 fn every_kernel_variant_specialises_and_translates() {
     let mut errors = Vec::new();
+    for name in PORTABLE_FALLBACKS {
+        if !ops::all_kernels().iter().any(|k| k.name == *name) {
+            errors.push(format!("portable fallback {name} is not a kernel"));
+        }
+    }
     for k in ops::all_kernels() {
         let src = shaders::source(k.shader).unwrap_or_else(|| panic!("kernel {} names unknown shader {}", k.name, k.shader));
         let (module, info) = match validate(k.shader, src) {
@@ -124,9 +120,12 @@ fn every_kernel_variant_specialises_and_translates() {
                 if let Err(e) = translate(k.name, &m, &i, k.needs_coopmat) {
                     errors.push(e);
                 }
-                let bytes = workgroup_bytes(&m, &i, k.entry);
+                let bytes = k31_engine::gpu::pipelines::workgroup_bytes(&m, &i, k.entry).expect("entry point");
                 if bytes > MAX_WORKGROUP_BYTES {
                     errors.push(format!("kernel {}: {bytes} bytes of workgroup memory, over {MAX_WORKGROUP_BYTES}", k.name));
+                }
+                if PORTABLE_FALLBACKS.contains(&k.name) && bytes > 32 * 1024 {
+                    errors.push(format!("kernel {}: the fallback for 32 KiB adapters uses {bytes} bytes of workgroup memory", k.name));
                 }
             }
             Err(e) => errors.push(format!("kernel {}: overrides: {e}", k.name)),

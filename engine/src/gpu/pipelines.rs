@@ -64,12 +64,51 @@ impl Kernel {
     }
 }
 
+/// Workgroup memory `entry` of `module` uses: its workgroup-space globals, summed (naga does
+/// not check this against a device limit, and neither does wgpu; drivers may hang or fail).
+/// Pass a module with override constants applied where array sizes depend on them.
+pub fn workgroup_bytes(module: &naga::Module, info: &naga::valid::ModuleInfo, entry: &str) -> Option<u32> {
+    let index = module.entry_points.iter().position(|e| e.name == entry)?;
+    let uses = info.get_entry_point(index);
+    Some(
+        module
+            .global_variables
+            .iter()
+            .filter(|(h, v)| v.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
+            .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()))
+            .sum(),
+    )
+}
+
 #[derive(Default)]
 pub struct PipelineCache {
     built: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
+    workgroup: Mutex<HashMap<&'static str, u32>>,
 }
 
 impl PipelineCache {
+    /// Whether `k`'s workgroup memory is within the adapter's limit, so an op can choose a
+    /// variant the adapter runs (our kernels size their workgroup arrays with plain
+    /// constants, so the shader as written is measured).
+    pub fn fits(&self, gpu: &Gpu, k: &Kernel) -> Result<bool, GpuError> {
+        let mut known = self.workgroup.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = match known.get(k.name) {
+            Some(&b) => b,
+            None => {
+                let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
+                let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
+                let module = naga::front::wgsl::parse_str(src).map_err(|e| fail(e.emit_to_string(src)))?;
+                let info = naga::valid::Validator::new(naga::valid::ValidationFlags::empty(), naga::valid::Capabilities::all())
+                    .validate(&module)
+                    .map_err(|e| fail(e.emit_to_string(src)))?;
+                let b = workgroup_bytes(&module, &info, k.entry).ok_or_else(|| fail("no such entry point".into()))?;
+                known.insert(k.name, b);
+                b
+            }
+        };
+        Ok(bytes <= gpu.caps.max_workgroup_storage)
+    }
+
     pub fn get(&self, gpu: &Gpu, k: &Kernel) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
         let mut built = self.built.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = built.get(k.name) {

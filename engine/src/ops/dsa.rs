@@ -811,8 +811,17 @@ pub fn partial_bytes(dims: &MlaDims, n_queries: usize, splits: usize) -> usize {
 pub enum MlaVariant {
     /// One workgroup per (split, head): every selected row staged once per head.
     PerHead,
-    /// One workgroup per (split, 8 heads): each row staged once per 8 heads (the default).
+    /// One workgroup per (split, 8 heads): each row staged once per 8 heads (the default
+    /// where the adapter allows its ~39 KiB of workgroup memory).
     Grouped,
+}
+
+impl MlaVariant {
+    /// Grouped where its workgroup memory fits the adapter (not on 32 KiB adapters such as
+    /// Metal and DX12), else per head.
+    pub fn default_for(gpu: &Gpu) -> Result<MlaVariant, GpuError> {
+        Ok(if gpu.pipelines.fits(gpu, &MLA_ATTEND_GROUPED)? { MlaVariant::Grouped } else { MlaVariant::PerHead })
+    }
 }
 
 /// Heads per workgroup of `mla_attend_grouped` (mla.wgsl HG).
@@ -838,7 +847,8 @@ pub fn mla_attention(
     q_pos0: usize,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    mla_attention_variant(gpu, enc, MlaVariant::Grouped, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler)
+    let variant = MlaVariant::default_for(gpu)?;
+    mla_attention_variant(gpu, enc, variant, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler)
 }
 
 /// [`mla_attention`] with an explicit attention kernel.
