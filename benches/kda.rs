@@ -21,7 +21,7 @@
 //! (`--decode-only`: the decode section and its targets only; `--prefill-only`: everything
 //! but the decode timings).
 
-use k31_engine::bench::{copy_bandwidth, time_gpu, Row, Stamps};
+use k31_engine::bench::{copy_bandwidth, median_span, time_gpu, Row};
 use k31_engine::config::KdaGate;
 use k31_engine::gpu::{Gpu, GpuError, Profiler};
 use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeStep, DecodeVariant, KdaGeom, KdaInputs, Prepped};
@@ -35,28 +35,7 @@ fn time_one_pass(
     reps: usize,
     mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<wgpu::ComputePassTimestampWrites>) -> Result<(), GpuError>,
 ) -> Result<f64, GpuError> {
-    let stamps = Stamps::new(gpu);
-    let mut samples = Vec::new();
-    for i in 0..reps + 3 {
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        let start = std::time::Instant::now();
-        record(&mut enc, stamps.as_ref().map(|st| st.writes(Some(0), Some(1))))?;
-        if let Some(st) = &stamps {
-            st.resolve(&mut enc);
-        }
-        gpu.queue.submit([enc.finish()]);
-        gpu.wait()?;
-        let wall = start.elapsed().as_secs_f64();
-        let t = match &stamps {
-            Some(st) => st.seconds(gpu)?,
-            None => wall,
-        };
-        if i >= 3 {
-            samples.push(t);
-        }
-    }
-    samples.sort_by(f64::total_cmp);
-    Ok(samples[samples.len() / 2])
+    median_span(gpu, 3, reps, |enc, stamps| record(enc, stamps.map(|st| st.writes(Some(0), Some(1)))))
 }
 
 /// (relative L2 error, max |err| / max |want|) of `got` against `want`.

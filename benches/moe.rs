@@ -47,7 +47,7 @@ fn main() -> anyhow::Result<()> {
         let x = gpu.storage_from("x", &vec![0.5f32; k]);
         let y = gpu.storage("y", (n * 4) as u64);
         for &v in &variants {
-            let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_variant(&gpu, enc, &w, &x, &y, Some(v), prof))?;
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_into(&gpu, enc, &w, &x, &y, Some(v), false, prof))?;
             let row = Row { name: format!("{} {name}", v.name), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
             row.print();
             rows.push(row);
@@ -86,6 +86,18 @@ fn main() -> anyhow::Result<()> {
         let h = gpu.storage("h", (top_k * n_mid * 4) as u64);
         let y = gpu.storage("y", (n_in * 4) as u64);
         let call = moe::ExpertCall { layer: 0, tokens: 1, top_k, act, accumulate: false };
+        // A printed row of the weight bytes the selected experts read, per `t` seconds.
+        let expert_row = |what: &str, t: f64| {
+            let row = Row {
+                name: format!("mxfp4 top-{top_k} experts {n_in}x{n_mid} {what}"),
+                time_us: t * 1e6,
+                rate: (top_k * expert_bytes) as f64 / t / 1e9,
+                ceiling: copy,
+                unit: "GB/s",
+            };
+            row.print();
+            row
+        };
         // Every variant's output against the first one's (same inputs): a kernel experiment
         // that is fast but wrong shows up here.
         let mut first: Option<(&str, Vec<f32>)> = None;
@@ -101,30 +113,14 @@ fn main() -> anyhow::Result<()> {
                     println!("    check {name} vs {first_name}: rel L2 {:.2e}", (num / den.max(1e-300)).sqrt());
                 }
             }
-            let row = Row {
-                name: format!("mxfp4 top-{top_k} experts {n_in}x{n_mid} decode {name}"),
-                time_us: t * 1e6,
-                rate: (top_k * expert_bytes) as f64 / t / 1e9,
-                ceiling: copy,
-                unit: "GB/s",
-            };
-            row.print();
-            rows.push(row);
+            rows.push(expert_row(&format!("decode {name}"), t));
             for (label, secs) in breakdown(&gpu, 10, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, Some(*kern), &z, &idx, &wts, &h, &y, prof))? {
                 println!("    {label:<40} {:>9.2} us", secs * 1e6);
             }
         }
         // The default decode back to back (4 tokens' worth per submission, no per-pass timestamps).
         let t = time_back_to_back(&gpu, 3, 20, 4, |enc, _| moe::experts_decode(&gpu, enc, &store, &call, None, &z, &idx, &wts, &h, &y, None))?;
-        let row = Row {
-            name: format!("mxfp4 top-{top_k} experts {n_in}x{n_mid} decode, default, back to back"),
-            time_us: t * 1e6,
-            rate: (top_k * expert_bytes) as f64 / t / 1e9,
-            ceiling: copy,
-            unit: "GB/s",
-        };
-        row.print();
-        rows.push(row);
+        rows.push(expert_row("decode, default, back to back", t));
     }
 
     // Prefill chunk: T tokens, top_k of the resident experts each, grouped on the GPU.

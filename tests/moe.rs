@@ -357,7 +357,7 @@ fn gemv_fast_path_and_linear_match_reference() {
             std::iter::once(None).chain(gemv::FAST_VARIANTS.iter().filter(|k| !k.needs_subgroups || gpu.caps.subgroups).map(|k| Some(*k))).collect();
         for v in variants {
             if t == 1 {
-                run(&gpu, |enc| gemv::gemv_variant(&gpu, enc, &wt, &xb, &y, v, None).unwrap());
+                run(&gpu, |enc| gemv::gemv_into(&gpu, enc, &wt, &xb, &y, v, false, None).unwrap());
             } else {
                 run(&gpu, |enc| linear::linear(&gpu, enc, &wt, t, &xb, &y, None).unwrap());
             }
@@ -373,7 +373,7 @@ fn gemv_fast_path_and_linear_match_reference() {
             if t == 1 {
                 run(&gpu, |enc| gemv::gemv_into(&gpu, enc, &wt, &xb, &yb, v, true, None).unwrap());
             } else {
-                run(&gpu, |enc| linear::linear_add(&gpu, enc, &wt, t, &xb, &yb, None).unwrap());
+                run(&gpu, |enc| linear::linear_into(&gpu, enc, &wt, t, &xb, &yb, true, None).unwrap());
             }
             let got: Vec<f32> = gpu.read(&yb, t * rows).unwrap();
             let want: Vec<f32> = want.iter().zip(&base).map(|(a, b)| a + b).collect();

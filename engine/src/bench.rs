@@ -96,19 +96,37 @@ pub fn time_back_to_back(
     mut record: impl FnMut(&mut wgpu::CommandEncoder, usize) -> Result<(), GpuError>,
 ) -> Result<f64, GpuError> {
     let inner = inner.max(1);
-    let stamps = Stamps::new(gpu);
-    let mut samples = Vec::with_capacity(reps);
-    for rep in 0..warmup + reps {
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        let start = std::time::Instant::now();
-        if let Some(st) = &stamps {
+    let t = median_span(gpu, warmup, reps, |enc, stamps| {
+        if let Some(st) = stamps {
             drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span start"), timestamp_writes: Some(st.writes(None, Some(0))) }));
         }
         for i in 0..inner {
-            record(&mut enc, i)?;
+            record(enc, i)?;
         }
-        if let Some(st) = &stamps {
+        if let Some(st) = stamps {
             drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span end"), timestamp_writes: Some(st.writes(Some(1), None)) }));
+        }
+        Ok(())
+    })?;
+    Ok(t / inner as f64)
+}
+
+/// Median over `reps` submissions (after `warmup`) of the time between the two stamps that
+/// `record` places with the [`Stamps`] it is given (each submission is one fresh encoder of
+/// `record`'s work); the submission's wall-clock time where timestamps are unavailable.
+pub fn median_span(
+    gpu: &Gpu,
+    warmup: usize,
+    reps: usize,
+    mut record: impl FnMut(&mut wgpu::CommandEncoder, Option<&Stamps>) -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
+    let stamps = Stamps::new(gpu);
+    let mut samples = Vec::with_capacity(reps);
+    for rep in 0..warmup + reps.max(1) {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let start = std::time::Instant::now();
+        record(&mut enc, stamps.as_ref())?;
+        if let Some(st) = &stamps {
             st.resolve(&mut enc);
         }
         gpu.queue.submit([enc.finish()]);
@@ -119,7 +137,7 @@ pub fn time_back_to_back(
             None => wall,
         };
         if rep >= warmup {
-            samples.push(t / inner as f64);
+            samples.push(t);
         }
     }
     samples.sort_by(f64::total_cmp);

@@ -4,7 +4,7 @@
 use crate::checkpoint::TensorView;
 use crate::config::Activation;
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
-use crate::ops::{linear::{linear, linear_add, linear_many}, norm::glu};
+use crate::ops::{linear::{linear_into, linear_many}, norm::glu};
 
 pub struct GluMlp {
     gate: GpuTensor,
@@ -97,10 +97,6 @@ impl GluMlp {
         let inner = self.gate.rows();
         let a = gpu.scratch("mlp act", (tokens * inner * 4) as u64);
         glu(gpu, enc, self.act, tokens * inner, g, u, &a, prof.as_deref_mut())?;
-        if accumulate {
-            linear_add(gpu, enc, &self.down, tokens, &a, out, prof)
-        } else {
-            linear(gpu, enc, &self.down, tokens, &a, out, prof)
-        }
+        linear_into(gpu, enc, &self.down, tokens, &a, out, accumulate, prof)
     }
 }

@@ -9,7 +9,7 @@ use crate::config::{Activation, ExpertFormat, ModelConfig};
 use crate::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::layout::DType;
-use crate::ops::{linear::{linear, linear_add, linear_many}, moe, norm::rms_norm, router::router_select};
+use crate::ops::{linear::{linear_into, linear_many}, moe, norm::rms_norm, router::router_select};
 
 struct Latent {
     down: GpuTensor,
@@ -151,11 +151,7 @@ impl MoeBlock {
                 }
                 None => y,
             };
-            if accumulate {
-                linear_add(gpu, enc, &l.up, t, normed, out, prof.as_deref_mut())?;
-            } else {
-                linear(gpu, enc, &l.up, t, normed, out, prof.as_deref_mut())?;
-            }
+            linear_into(gpu, enc, &l.up, t, normed, out, accumulate, prof.as_deref_mut())?;
         }
         // The shared experts sum into the routed output in place.
         match (&self.shared, &shared_gu) {

@@ -84,20 +84,8 @@ pub fn gemv(
     gemv_into(gpu, enc, w, x, y, None, false, profiler)
 }
 
-/// [`gemv`] with an explicit bf16 fast-path variant (one of the `GEMV_BF16_V4_*`), for the bench.
-pub fn gemv_variant(
-    gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
-    w: &GpuTensor,
-    x: &wgpu::Buffer,
-    y: &wgpu::Buffer,
-    fast: Option<Kernel>,
-    profiler: Option<&mut Profiler>,
-) -> Result<(), GpuError> {
-    gemv_into(gpu, enc, w, x, y, fast, false, profiler)
-}
-
-/// [`gemv_variant`] writing y, or adding to it (`accumulate`).
+/// [`gemv`] with an explicit bf16 fast-path variant (`fast`: one of [`FAST_VARIANTS`], for
+/// benches and tests), writing y or adding to it (`accumulate`).
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_into(
     gpu: &Gpu,

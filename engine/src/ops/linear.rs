@@ -49,22 +49,10 @@ pub fn linear(
     linear_into(gpu, enc, w, tokens, x, y, false, profiler)
 }
 
-/// y [T, rows] += x [T, cols] W^T: [`linear`] summed into what y holds (a residual or a
-/// second branch, without a separate add pass).
-pub fn linear_add(
-    gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
-    w: &GpuTensor,
-    tokens: usize,
-    x: &wgpu::Buffer,
-    y: &wgpu::Buffer,
-    profiler: Option<&mut Profiler>,
-) -> Result<(), GpuError> {
-    linear_into(gpu, enc, w, tokens, x, y, true, profiler)
-}
-
+/// [`linear`], or with `accumulate` y [T, rows] += x W^T: summed into what y holds (a
+/// residual or a second branch, without a separate add pass).
 #[allow(clippy::too_many_arguments)]
-fn linear_into(
+pub fn linear_into(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
     w: &GpuTensor,
