@@ -108,6 +108,21 @@ fn main() -> anyhow::Result<()> {
     }
     let prefill_s = t.elapsed().as_secs_f64();
     println!("prefill {prompt_n} tokens: {:.3} s = {:.1} tokens/s", prefill_s, prompt_n as f64 / prefill_s);
+    // Where prefill spends it: one chunk again on a fresh session, every pass timestamped.
+    {
+        let chunk = &ids[..prompt_n.min(k31_engine::plan::PREFILL_CHUNK)];
+        let mut ps = model.new_session()?;
+        let mut prof = Profiler::new(&gpu, 2048);
+        model.forward(&mut ps, chunk, LogitsFor::Last, &mut Hooks { profiler: Some(&mut prof), ..Default::default() })?;
+        let by_op = prof.report_by(|l| match l.strip_prefix("layer").and_then(|r| r.split_once('.')) {
+            Some((_, rest)) => rest.to_string(),
+            None => l.to_string(),
+        });
+        println!("prefill of {} tokens by kind/kernel (all layers of the kind), GPU ms ({} passes not timed):", chunk.len(), prof.dropped);
+        for op in by_op.iter().take(30) {
+            println!("  {:<48} {:>10.2}  ({} passes)", op.label, op.total_ns / 1e6, op.count);
+        }
+    }
 
     // `n` greedy decode steps from `next`, all but the first timed by `prof`; returns the next token.
     let profiled_decode = |s: &mut k31_engine::session::Session, mut next: u32, n: usize, prof: &mut Profiler| -> anyhow::Result<u32> {
