@@ -48,3 +48,52 @@ fn residual_add() {
     let got: Vec<f32> = g.read(&out, n).expect("read");
     assert!(got.iter().zip(a.iter().zip(&b)).all(|(g, (x, y))| *g == x + y));
 }
+
+/// The fused AttnRes + RMSNorm pass (decode and prefill shapes): bank and current partial,
+/// with and without the residual sum, awkward widths, against the CPU references.
+#[test]
+fn attn_res_norm_matches_reference() {
+    use k31_engine::ops::attn_res::{self, Query, Sources};
+    use k31_engine::reference;
+    let Some(g) = gpu() else { return };
+    let bf16 = |v: Vec<f32>| -> Vec<f32> { v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect() };
+    let bytes = |v: &[f32]| -> Vec<u8> { bytemuck::cast_slice(&v.iter().map(|&x| half::bf16::from_f32(x)).collect::<Vec<_>>()).to_vec() };
+    let rel = support::golden::rel_err;
+    let eps = 1e-5;
+    for (t, d, n_bank, add) in [(1, 7168, 8, true), (1, 2500, 15, false), (3, 37, 0, true), (2, 1, 2, true), (5, 1030, 4, false), (1, 100, 0, false)] {
+        let seed = (t * 1000 + d + n_bank) as u64;
+        let bank: Vec<f32> = random_vec(seed, n_bank.max(1) * t * d);
+        let cur = random_vec(seed + 1, t * d);
+        let addend = random_vec(seed + 2, t * d);
+        let gamma = bf16(random_vec(seed + 3, d).iter().map(|v| 1.0 + 0.1 * v).collect());
+        let proj = bf16(random_vec(seed + 4, d));
+        let norm_w = bf16(random_vec(seed + 5, d).iter().map(|v| 1.0 + 0.5 * v).collect());
+        let (bb, cb, ab) = (g.storage_from("bank", &bank), g.storage_from("cur", &cur), g.storage_from("addend", &addend));
+        let (gb, pb, nb) = (g.storage_from("gamma", &bytes(&gamma)), g.storage_from("proj", &bytes(&proj)), g.storage_from("norm", &bytes(&norm_w)));
+        let part = g.storage("part", (t * d * 4) as u64);
+        let out = g.storage("out", (t * d * 4) as u64);
+        let alpha = g.storage("alpha", (attn_res::alpha_len(t, d, n_bank + 1) * 4) as u64);
+        let sources = Sources { bank: &bb, n_bank, bank_stride: t * d, cur: &cb, add: add.then_some((&ab, &part)) };
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        attn_res::attn_res_norm(&g, &mut enc, t, d, eps, sources, Query { gamma: &gb, proj: &pb }, &nb, &out, &alpha, None).expect("attn_res_norm");
+        g.queue.submit([enc.finish()]);
+        let got: Vec<f32> = g.read(&out, t * d).expect("read");
+        let got_alpha: Vec<f32> = g.read(&alpha, t * (n_bank + 1)).expect("read");
+        let got_part: Vec<f32> = g.read(&part, t * d).expect("read");
+        for tok in 0..t {
+            let c: Vec<f32> = (0..d).map(|i| cur[tok * d + i] + if add { addend[tok * d + i] } else { 0.0 }).collect();
+            let mut srcs: Vec<&[f32]> = (0..n_bank).map(|j| &bank[(j * t + tok) * d..(j * t + tok + 1) * d]).collect();
+            srcs.push(&c);
+            let (h, want_alpha) = reference::attn_res::attn_res(&srcs, &gamma, &proj, eps);
+            let want = reference::norm::rms_norm(&h, 1, d, &norm_w, eps);
+            let case = format!("t={t} d={d} n_bank={n_bank} add={add} token {tok}");
+            let e = rel(&got[tok * d..(tok + 1) * d], &want);
+            assert!(e < 1e-5, "{case}: out {e}");
+            let ea = rel(&got_alpha[tok * (n_bank + 1)..(tok + 1) * (n_bank + 1)], &want_alpha);
+            assert!(ea < 1e-5, "{case}: alpha {ea}");
+            if add {
+                assert_eq!(&got_part[tok * d..(tok + 1) * d], &c[..], "{case}: the residual sum");
+            }
+        }
+    }
+}

@@ -8,7 +8,8 @@ use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::layers::global_attn::{DeferredSelections, ForwardOptions, GlobalAttn, TokenDiagnostics};
 use crate::layers::bf16_bytes;
 use crate::layers::kda::KdaLayer;
-use crate::ops::{attn_res::attn_res, elementwise::add, embed::embed, linear::linear, norm::rms_norm};
+use crate::ops::attn_res::{attn_res_norm, Query, Sources};
+use crate::ops::{embed::embed, linear::linear, norm::rms_norm};
 use crate::session::Session;
 use crate::trace::SelectionSink;
 use std::sync::Arc;
@@ -46,6 +47,12 @@ pub enum MixerWeights {
 pub struct ResQuery {
     gamma: wgpu::Buffer,
     proj: wgpu::Buffer,
+}
+
+impl ResQuery {
+    fn query(&self) -> Query<'_> {
+        Query { gamma: &self.gamma, proj: &self.proj }
+    }
 }
 
 pub struct Layer {
@@ -214,11 +221,10 @@ impl Model {
         g.begin_frame();
         let buf = |label: &str| g.scratch(label, (td * 4) as u64);
         let ids = g.storage_from("token ids", tokens);
-        let carry = buf("carry");
-        let h = buf("aggregated");
+        // The residual stream rotates through three buffers: a layer's carry, its mixer output
+        // and its partial sum (into which the FFN adds); the partial becomes the next carry.
+        let stream = [buf("residual a"), buf("residual b"), buf("residual c")];
         let normed = buf("normed");
-        let mixed = buf("mixer out");
-        let part = buf("partial block");
         // Bank of completed blocks, [n, T, d]: the embedding plus one entry per block boundary.
         let block = cfg.attn_res_block_size.unwrap_or(usize::MAX);
         let bank_cap = if cfg.attn_res_block_size.is_some() { cfg.num_layers().div_ceil(block) + 1 } else { 0 };
@@ -233,8 +239,10 @@ impl Model {
         if let Some(p) = prof.as_deref_mut() {
             p.enter(&mut enc, Some("embed".into()));
         }
-        embed(g, &mut enc, &self.embed, t, &ids, &carry, prof.as_deref_mut())?;
+        let mut carry_at = 0usize;
+        embed(g, &mut enc, &self.embed, t, &ids, &stream[0], prof.as_deref_mut())?;
         let mut n_bank = 0usize;
+        let sources = |n_bank: usize, cur, add| Sources { bank: &bank, n_bank, bank_stride: td, cur, add };
         for layer in &self.layers {
             let l = layer.index;
             let kind = match layer.mixer {
@@ -244,24 +252,24 @@ impl Model {
             if let Some(p) = prof.as_deref_mut() {
                 p.enter(&mut enc, Some(format!("layer{l}.mixer.{kind}")));
             }
-            // Attention-side input h (spec 3.2).
-            let h_in: &wgpu::Buffer = match &layer.res {
+            let carry = &stream[carry_at];
+            let mixed = &stream[(carry_at + 1) % 3];
+            // Attention-side input (spec 3.2), normed.
+            match &layer.res {
                 Some((q, _)) if n_bank > 0 => {
-                    attn_res(g, &mut enc, t, d, n_bank, td, eps, &bank, &carry, &q.gamma, &q.proj, &h, &alpha, prof.as_deref_mut())?;
-                    &h
+                    attn_res_norm(g, &mut enc, t, d, eps, sources(n_bank, carry, None), q.query(), &layer.input_norm, &normed, &alpha, prof.as_deref_mut())?
                 }
-                _ => &carry,
-            };
+                _ => rms_norm(g, &mut enc, t, d, eps, carry, &layer.input_norm, &normed, prof.as_deref_mut())?,
+            }
             let boundary = layer.res.is_some() && l % block == 0;
             if boundary {
-                enc.copy_buffer_to_buffer(&carry, 0, &bank, (n_bank * td * 4) as u64, (td * 4) as u64);
+                enc.copy_buffer_to_buffer(carry, 0, &bank, (n_bank * td * 4) as u64, (td * 4) as u64);
                 n_bank += 1;
             }
-            rms_norm(g, &mut enc, t, d, eps, h_in, &layer.input_norm, &normed, prof.as_deref_mut())?;
             match &layer.mixer {
                 MixerWeights::Kda(k) => {
                     let st = session.kda_state(l)?;
-                    k.forward(g, &mut enc, &normed, t, st, &mixed, prof.as_deref_mut())?;
+                    k.forward(g, &mut enc, &normed, t, st, mixed, prof.as_deref_mut())?;
                 }
                 MixerWeights::Global(ga) => {
                     // The global layer records and submits its own encoders.
@@ -274,50 +282,47 @@ impl Model {
                         deferred: Some(&mut deferred),
                         ..Default::default()
                     };
-                    diagnostics.extend(ga.forward(g, &normed, t, cache, &mixed, &mut opts)?);
+                    diagnostics.extend(ga.forward(g, &normed, t, cache, mixed, &mut opts)?);
                 }
             }
-            // part = a (block start) or part + a; without AttnRes the residual is carry + a.
-            let part_now: &wgpu::Buffer = if boundary {
-                &mixed
+            // The partial: a at a block start, else carry + a (written by the MLP-side pass);
+            // without AttnRes the residual carry + a, normed in the same pass (no bank).
+            let (part_at, part_sources) = if boundary {
+                ((carry_at + 1) % 3, sources(n_bank, mixed, None))
             } else {
-                add(g, &mut enc, td, &carry, &mixed, &part, prof.as_deref_mut())?;
-                &part
+                let part_at = (carry_at + 2) % 3;
+                let bank_now = if layer.res.is_some() { n_bank } else { 0 };
+                (part_at, sources(bank_now, carry, Some((mixed, &stream[part_at]))))
             };
-            let h2: &wgpu::Buffer = match &layer.res {
-                Some((_, q)) => {
-                    attn_res(g, &mut enc, t, d, n_bank, td, eps, &bank, part_now, &q.gamma, &q.proj, &h, &alpha, prof.as_deref_mut())?;
-                    &h
-                }
-                None => part_now,
+            let query = match &layer.res {
+                Some((_, q)) => q.query(),
+                // Unused with an empty bank (one source, weight 1).
+                None => Query { gamma: &layer.post_attention_norm, proj: &layer.post_attention_norm },
             };
+            attn_res_norm(g, &mut enc, t, d, eps, part_sources, query, &layer.post_attention_norm, &normed, &alpha, prof.as_deref_mut())?;
             if let Some(p) = prof.as_deref_mut() {
                 p.enter(&mut enc, Some(format!("layer{l}.ffn.{}", match cfg.layers[l].ffn {
                     crate::config::Ffn::Dense => "dense",
                     crate::config::Ffn::Moe => "moe",
                 })));
             }
-            rms_norm(g, &mut enc, t, d, eps, h2, &layer.post_attention_norm, &normed, prof.as_deref_mut())?;
-            // part_now is dead after this layer's AttnRes: the FFN adds into it in place.
-            layer.ffn.forward(g, &mut enc, &normed, t, part_now, true, prof.as_deref_mut())?;
-            enc.copy_buffer_to_buffer(part_now, 0, &carry, 0, (td * 4) as u64);
+            // The partial is dead after this layer's AttnRes: the FFN adds into it in place.
+            layer.ffn.forward(g, &mut enc, &normed, t, &stream[part_at], true, prof.as_deref_mut())?;
+            carry_at = part_at;
             // Hand layers to the GPU as soon as they are recorded, so the GPU runs while
             // the CPU records the next ones (one submission per token serialised the two).
             if (l + 1) % layers_per_submit() == 0 {
                 g.flush(&mut enc);
             }
         }
+        let carry = &stream[carry_at];
         if let Some(p) = prof.as_deref_mut() {
             p.enter(&mut enc, Some("head".into()));
         }
-        let h_out: &wgpu::Buffer = match &self.output_res {
-            Some(q) => {
-                attn_res(g, &mut enc, t, d, n_bank, td, eps, &bank, &carry, &q.gamma, &q.proj, &h, &alpha, prof.as_deref_mut())?;
-                &h
-            }
-            None => &carry,
-        };
-        rms_norm(g, &mut enc, t, d, eps, h_out, &self.norm, &normed, prof.as_deref_mut())?;
+        match &self.output_res {
+            Some(q) => attn_res_norm(g, &mut enc, t, d, eps, sources(n_bank, carry, None), q.query(), &self.norm, &normed, &alpha, prof.as_deref_mut())?,
+            None => rms_norm(g, &mut enc, t, d, eps, carry, &self.norm, &normed, prof.as_deref_mut())?,
+        }
         let vocab = cfg.vocab_size;
         let rows = match want {
             LogitsFor::All => t,

@@ -1,4 +1,5 @@
-//! Host side of shaders/attn_res.wgsl: the Block AttnRes aggregation (spec 3.1).
+//! Host side of shaders/attn_res.wgsl: the Block AttnRes aggregation (spec 3.1), fused with
+//! the RMSNorm after it and, on the MLP side, with the residual sum before it.
 
 use super::moe::dispatch;
 use super::shader_params;
@@ -7,29 +8,40 @@ use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
 shader_params!(
     /// Mirrors `AttnResParams` in shaders/attn_res.wgsl.
     AttnResParams in "attn_res" {
-        tokens: u32, d: u32, n_bank: u32, bank_stride: u32, eps: f32, _pad0: u32, _pad1: u32, _pad2: u32,
+        tokens: u32, d: u32, n_bank: u32, bank_stride: u32, eps: f32, add: u32, norm: u32, _pad: u32,
     }
 );
 
-pub const ATTN_RES_SUMS: Kernel = Kernel::new("attn_res_sums", "attn_res", "attn_res_sums");
-pub const ATTN_RES_MIX: Kernel = Kernel::new("attn_res_mix", "attn_res", "attn_res_mix");
-pub const KERNELS: &[Kernel] = &[ATTN_RES_SUMS, ATTN_RES_MIX];
-/// Columns per partial sum of the first pass (CHUNK in the shader).
-const CHUNK: usize = 1024;
-/// Output columns per workgroup of the mixing pass (WG in the shader).
-const MIX_COLUMNS: usize = 256;
+pub const ATTN_RES_NORM: Kernel = Kernel::new("attn_res_norm", "attn_res", "attn_res_norm");
+pub const KERNELS: &[Kernel] = &[ATTN_RES_NORM];
 /// Most sources one aggregation takes (MAX_SOURCES in the shader).
 pub const MAX_SOURCES: usize = 16;
 
-/// Floats the `alpha` buffer of [`attn_res`] needs: the [T, n] softmax weights, then the
-/// per-chunk partial sums (scratch).
-pub fn alpha_len(tokens: usize, d: usize, sources: usize) -> usize {
-    tokens * sources * (1 + 2 * d.div_ceil(CHUNK))
+/// Floats the `alpha` buffer of [`attn_res`] needs: the [T, n] softmax weights.
+pub fn alpha_len(tokens: usize, _d: usize, sources: usize) -> usize {
+    tokens * sources
 }
 
-/// out [T, d] = AttnRes(bank[0..n_bank] ∪ {cur}); alpha holds [`alpha_len`] floats, the
-/// first T x (n_bank + 1) of them the softmax weights.
-/// bank: n_bank entries of `bank_stride` f32 each ([T, d] used); gamma, proj: [d] bf16.
+/// The sources of one aggregation: `n_bank` completed blocks (entries of `bank_stride` f32,
+/// [T, d] used each) and the current partial, `cur` or, with `add = Some((addend, part))`,
+/// cur + addend (the residual sum, also written to `part`).
+#[derive(Clone, Copy)]
+pub struct Sources<'a> {
+    pub bank: &'a wgpu::Buffer,
+    pub n_bank: usize,
+    pub bank_stride: usize,
+    pub cur: &'a wgpu::Buffer,
+    pub add: Option<(&'a wgpu::Buffer, &'a wgpu::Buffer)>,
+}
+
+/// One aggregation point's pseudo-query: RMSNorm weight and projection, both [d] bf16.
+#[derive(Clone, Copy)]
+pub struct Query<'a> {
+    pub gamma: &'a wgpu::Buffer,
+    pub proj: &'a wgpu::Buffer,
+}
+
+/// out [T, d] = AttnRes(sources); alpha holds [`alpha_len`] floats, the [T, n] softmax weights.
 #[allow(clippy::too_many_arguments)]
 pub fn attn_res(
     gpu: &Gpu,
@@ -45,21 +57,83 @@ pub fn attn_res(
     proj: &wgpu::Buffer,
     out: &wgpu::Buffer,
     alpha: &wgpu::Buffer,
-    mut profiler: Option<&mut Profiler>,
+    profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    let n = n_bank + 1;
-    if n > MAX_SOURCES || d == 0 || bank_stride < tokens * d || n * d.div_ceil(CHUNK) > 256 {
+    let sources = Sources { bank, n_bank, bank_stride, cur, add: None };
+    record(gpu, enc, tokens, d, eps, sources, Query { gamma, proj }, None, out, alpha, profiler)
+}
+
+/// out [T, d] = RMSNorm(AttnRes(sources); norm_w [d] bf16, eps): an FFN's or mixer's input
+/// in one pass. With `n_bank = 0` (and any query) it is RMSNorm(c).
+#[allow(clippy::too_many_arguments)]
+pub fn attn_res_norm(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    tokens: usize,
+    d: usize,
+    eps: f32,
+    sources: Sources<'_>,
+    query: Query<'_>,
+    norm_w: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    alpha: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    record(gpu, enc, tokens, d, eps, sources, query, Some(norm_w), out, alpha, profiler)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    tokens: usize,
+    d: usize,
+    eps: f32,
+    s: Sources<'_>,
+    q: Query<'_>,
+    norm_w: Option<&wgpu::Buffer>,
+    out: &wgpu::Buffer,
+    alpha: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let n = s.n_bank + 1;
+    if n > MAX_SOURCES || d == 0 || tokens == 0 || (s.n_bank > 0 && s.bank_stride < tokens * d) {
         return Err(GpuError::Shape(format!(
-            "attn_res: {n} sources (at most {MAX_SOURCES}), d {d} (sources x ceil(d / {CHUNK}) at most 256), bank stride {bank_stride} < {tokens} x {d}"
+            "attn_res: {n} sources (at most {MAX_SOURCES}), {tokens} tokens x d {d}, bank stride {} < {tokens} x {d}",
+            s.bank_stride
         )));
     }
     let td = (tokens * d * 4) as u64;
-    if bank.size() < (n_bank * bank_stride * 4) as u64 || cur.size() < td || out.size() < td || alpha.size() < (alpha_len(tokens, d, n) * 4) as u64 || gamma.size() < (d * 2) as u64 || proj.size() < (d * 2) as u64 {
+    let vectors = [q.gamma, q.proj].into_iter().chain(norm_w);
+    let part_small = s.add.is_some_and(|(a, part)| a.size() < td || part.size() < td);
+    if s.bank.size() < (s.n_bank * s.bank_stride * 4) as u64
+        || s.cur.size() < td
+        || part_small
+        || out.size() < td
+        || alpha.size() < (alpha_len(tokens, d, n) * 4) as u64
+        || vectors.into_iter().any(|v| v.size() < (d * 2) as u64)
+    {
         return Err(GpuError::Shape(format!("attn_res: buffers too small for {tokens} tokens x {d} with {n} sources")));
     }
-    let p = AttnResParams { tokens: tokens as u32, d: d as u32, n_bank: n_bank as u32, bank_stride: bank_stride as u32, eps, ..Default::default() };
-    let logits = [(1, bank), (2, cur), (3, gamma), (4, proj), (6, alpha)];
-    dispatch(gpu, enc, &ATTN_RES_SUMS, &p, &logits, ((n * d.div_ceil(CHUNK)) as u32, tokens as u32), profiler.as_deref_mut())?;
-    let mix = [(1, bank), (2, cur), (5, out), (6, alpha)];
-    dispatch(gpu, enc, &ATTN_RES_MIX, &p, &mix, (d.div_ceil(MIX_COLUMNS) as u32, tokens as u32), profiler)
+    let p = AttnResParams {
+        tokens: tokens as u32,
+        d: d as u32,
+        n_bank: s.n_bank as u32,
+        bank_stride: s.bank_stride as u32,
+        eps,
+        add: s.add.is_some() as u32,
+        norm: norm_w.is_some() as u32,
+        _pad: 0,
+    };
+    // Without a sum the addend binding reads cur and `part` is never written (a dummy).
+    let dummy;
+    let (addend, part) = match s.add {
+        Some(pair) => pair,
+        None => {
+            dummy = gpu.scratch("attn-res no part", 4);
+            (s.cur, &dummy)
+        }
+    };
+    let buffers = [(1, s.bank), (2, s.cur), (3, q.gamma), (4, q.proj), (5, out), (6, alpha), (7, addend), (8, part), (9, norm_w.unwrap_or(q.gamma))];
+    dispatch(gpu, enc, &ATTN_RES_NORM, &p, &buffers, (tokens as u32, 1), profiler)
 }
