@@ -5,10 +5,21 @@
 //   h[t, :] = sum_j alpha_j v_j;  out = RMSNorm(h; norm_w, eps) when `norm`, else out = h;
 //   alpha[t, j] is written too.
 // With n_bank = 0 this is RMSNorm(cur + addend) (alpha = 1): the plain-residual models' add
-// and norm in one pass.
+// and norm in the same two passes.
 // Preconditions (host-checked): n_bank + 1 <= MAX_SOURCES; bank holds n_bank entries of
 // bank_stride f32 (>= tokens * d); cur, addend, part and out hold tokens * d f32; gamma, proj,
-// norm_w hold d bf16. Where `add` is off, addend may alias cur and part is a dummy.
+// norm_w hold d bf16; alpha holds T * n + T * chunks * P f32 (P below); chunks * P <= 2048.
+// Where `add` is off, addend may alias cur and part is a dummy.
+//
+// Two wide passes (one workgroup per token was latency-bound: 36-108 us at d = 7168 on an
+// H200, against ~4 us of launch per pass):
+//   attn_res_sums, grid (n * chunks, T): workgroup (j, c) sums, over the `chunk` columns of
+//     chunk c, v_j . (gamma * proj) and the Gram entries v_j . v_k for k <= j;
+//   attn_res_mix, grid (ceil(d / WG), T): every workgroup adds the chunks' partial sums,
+//     takes the softmax and the mix's mean square sum_jk alpha_j alpha_k G_jk (so the norm
+//     needs no third pass), and mixes and scales its WG columns.
+// Partial sums of token t, chunk c: alpha[T * n + (t * chunks + c) * P + m], P = n + n(n+1)/2,
+// m = j for the dot of source j, n + j(j+1)/2 + k for G_jk.
 
 struct AttnResParams {
     tokens: u32,
@@ -18,7 +29,7 @@ struct AttnResParams {
     eps: f32,
     add: u32,
     norm: u32,
-    _pad: u32,
+    chunk: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: AttnResParams;
@@ -32,139 +43,164 @@ struct AttnResParams {
 @group(0) @binding(8) var<storage, read_write> part: array<f32>;
 @group(0) @binding(9) var<storage, read> norm_w: array<u32>;
 
-// One workgroup per token does everything (decode is one token: the three dependent passes
-// this replaces, logits / mix / norm, cost ~37 us on an H200 at d = 7168, mostly launch and
-// drain). Phase 1 gives each source a segment of SEG threads, so every sum is reduced inside
-// its segment; the mix gives each thread columns lid, lid + WG, ... .
-const WG: u32 = 1024u;
+const WG: u32 = 256u;
 const MAX_SOURCES: u32 = 16u;
-const SEG: u32 = WG / MAX_SOURCES;
-// Loads each phase-1 thread keeps in flight.
-const UNROLL: u32 = 8u;
-var<workgroup> red: array<f32, 2048>; // [2, WG]
-var<workgroup> weights: array<f32, MAX_SOURCES>;
+// Values one sums workgroup reduces: the dot and up to MAX_SOURCES Gram entries.
+const SUMS: u32 = MAX_SOURCES + 1u;
+var<workgroup> red: array<f32, 4352>; // sums: [SUMS, WG]; mix: partials, then totals
 
 fn bf16_of(word: u32, i: u32) -> f32 {
     return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
 }
 
-fn query_at(i: u32) -> f32 {
-    return bf16_of(gamma[i >> 1u], i) * bf16_of(proj[i >> 1u], i);
+fn chunks() -> u32 {
+    return (p.d + p.chunk - 1u) / p.chunk;
 }
 
-// The current partial c at flat index k (the residual sum when `add`).
-fn current(k: u32) -> f32 {
-    var v = cur[k];
+fn partials_per_chunk(n: u32) -> u32 {
+    return n + n * (n + 1u) / 2u;
+}
+
+// The current partial of token t at column i (i < d).
+fn current(t: u32, i: u32) -> f32 {
+    let c = t * p.d + i;
+    var v = cur[c];
     if (p.add != 0u) {
-        v += addend[k];
+        v += addend[c];
     }
     return v;
 }
 
-fn source(j: u32, t: u32, i: u32) -> f32 {
-    if (j < p.n_bank) {
-        return bank[j * p.bank_stride + t * p.d + i];
-    }
-    return current(t * p.d + i);
+// Source j of token t at column i given the current partial `cv` there: a clamped bank load
+// (issued whatever j is) and a select.
+fn source(j: u32, t: u32, i: u32, cv: f32) -> f32 {
+    let b = bank[min(j, max(p.n_bank, 1u) - 1u) * p.bank_stride + t * p.d + i];
+    return select(cv, b, j < p.n_bank);
 }
 
-@compute @workgroup_size(1024)
-fn attn_res_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t = wg.y * nwg.x + wg.x;
+@compute @workgroup_size(256)
+fn attn_res_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n = p.n_bank + 1u;
+    let nc = chunks();
+    let j = wg.x / nc;
+    let c = wg.x % nc;
+    let t = wg.y;
+    if (j >= n || t >= p.tokens) {
+        return;
+    }
+    // acc[0]: the dot with gamma * proj; acc[1 + k]: v_j . v_k (k <= j). Every load issued
+    // unconditionally (clamped), dropped by select: guarded loads were waited one by one.
+    var acc: array<f32, SUMS>;
+    for (var i0 = c * p.chunk; i0 < min(p.d, (c + 1u) * p.chunk); i0 += WG) {
+        let i = min(i0 + lid, p.d - 1u);
+        let keep = i0 + lid < min(p.d, (c + 1u) * p.chunk);
+        let cv = current(t, i);
+        let vj = select(0.0, source(j, t, i, cv), keep);
+        if (p.add != 0u && j == n - 1u && keep) {
+            part[t * p.d + i] = vj;
+        }
+        acc[0] += vj * bf16_of(gamma[i >> 1u], i) * bf16_of(proj[i >> 1u], i);
+        for (var k = 0u; k < MAX_SOURCES; k++) {
+            acc[1u + k] += select(0.0, vj * source(k, t, i, cv), k <= j);
+        }
+    }
+    for (var m = 0u; m < SUMS; m++) {
+        red[m * WG + lid] = acc[m];
+    }
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
+        if (lid < s) {
+            for (var m = 0u; m <= j + 1u; m++) {
+                red[m * WG + lid] += red[m * WG + lid + s];
+            }
+        }
+        workgroupBarrier();
+    }
+    let at = p.tokens * n + (t * nc + c) * partials_per_chunk(n);
+    if (lid == 0u) {
+        alpha[at + j] = red[0];
+    }
+    if (lid <= j) {
+        alpha[at + n + j * (j + 1u) / 2u + lid] = red[(1u + lid) * WG];
+    }
+}
+
+@compute @workgroup_size(256)
+fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wg.y;
     if (t >= p.tokens) {
         return;
     }
     let n = p.n_bank + 1u;
-    let d = p.d;
-
-    // Phase 1: segment j sums v_j^2 and v_j . (gamma * proj); loads clamped and issued
-    // unconditionally, out-of-range values dropped by select.
-    let j = lid / SEG;
-    let r = lid % SEG;
-    var ss = 0.0;
-    var dq = 0.0;
-    if (j < n) {
-        for (var i0 = r; i0 < d; i0 += SEG * UNROLL) {
-            var v: array<f32, UNROLL>;
-            var w: array<f32, UNROLL>;
-            for (var k = 0u; k < UNROLL; k++) {
-                let i = min(i0 + k * SEG, d - 1u);
-                v[k] = source(j, t, i);
-                w[k] = query_at(i);
-            }
-            for (var k = 0u; k < UNROLL; k++) {
-                let keep = i0 + k * SEG < d;
-                ss += select(0.0, v[k] * v[k], keep);
-                dq += select(0.0, v[k] * w[k], keep);
-            }
-        }
-    }
-    red[lid] = ss;
-    red[WG + lid] = dq;
-    workgroupBarrier();
-    for (var s = SEG / 2u; s > 0u; s = s >> 1u) {
-        if (r < s) {
-            red[lid] += red[lid + s];
-            red[WG + lid] += red[WG + lid + s];
-        }
-        workgroupBarrier();
-    }
-    // Softmax over the n logits (segment heads hold the sums), one thread.
-    if (lid == 0u) {
-        var m = -3.40282347e38;
-        for (var i = 0u; i < n; i++) {
-            let s = red[WG + i * SEG] * inverseSqrt(red[i * SEG] / f32(d) + p.eps);
-            weights[i] = s;
-            m = max(m, s);
-        }
-        var sum = 0.0;
-        for (var i = 0u; i < n; i++) {
-            weights[i] = exp(weights[i] - m);
-            sum += weights[i];
-        }
-        for (var i = 0u; i < n; i++) {
-            weights[i] = weights[i] / sum;
-            alpha[t * n + i] = weights[i];
-        }
+    let nc = chunks();
+    let np = partials_per_chunk(n);
+    // Partial sums into workgroup memory, then each total summed over the chunks in a fixed
+    // order (the same in every workgroup, so all of them mix with identical weights).
+    let base = p.tokens * n + t * nc * np;
+    for (var q = lid; q < nc * np; q += WG) {
+        red[q] = alpha[base + q];
     }
     workgroupBarrier();
-
-    // Phase 2: mix one column per thread per step, every source load issued unconditionally
-    // (clamped bank index; select drops what is not a source).
+    let tot = nc * np;
+    for (var m = lid; m < np; m += WG) {
+        var s = 0.0;
+        for (var c = 0u; c < nc; c++) {
+            s += red[c * np + m];
+        }
+        red[tot + m] = s;
+    }
+    workgroupBarrier();
     var wj: array<f32, MAX_SOURCES>;
-    for (var i = 0u; i < MAX_SOURCES; i++) {
-        wj[i] = select(0.0, weights[min(i, n - 1u)], i < n);
-    }
-    let last_bank = max(p.n_bank, 1u) - 1u;
-    var hs = 0.0;
-    for (var i = lid; i < d; i += WG) {
-        let c = current(t * d + i);
-        if (p.add != 0u) {
-            part[t * d + i] = c;
+    var mx = -3.40282347e38;
+    for (var j = 0u; j < MAX_SOURCES; j++) {
+        let jj = min(j, n - 1u);
+        let gjj = red[tot + n + jj * (jj + 1u) / 2u + jj];
+        wj[j] = red[tot + jj] * inverseSqrt(gjj / f32(p.d) + p.eps);
+        if (j < n) {
+            mx = max(mx, wj[j]);
         }
-        var acc = 0.0;
-        for (var b = 0u; b < MAX_SOURCES; b++) {
-            let v = select(c, bank[min(b, last_bank) * p.bank_stride + t * d + i], b < p.n_bank);
-            acc += select(0.0, wj[b] * v, b < n);
+    }
+    var sum = 0.0;
+    for (var j = 0u; j < MAX_SOURCES; j++) {
+        wj[j] = select(0.0, exp(wj[j] - mx), j < n);
+        sum += wj[j];
+    }
+    for (var j = 0u; j < MAX_SOURCES; j++) {
+        wj[j] = wj[j] / sum;
+    }
+    if (wg.x == 0u && lid < n) {
+        // Same arithmetic as every workgroup's weights, so alpha is exactly what was mixed.
+        var e = 0.0;
+        for (var j = 0u; j < MAX_SOURCES; j++) {
+            e = select(e, wj[j], j == lid);
         }
-        out[t * d + i] = acc;
-        hs += acc * acc;
+        alpha[t * n + lid] = e;
     }
-    if (p.norm == 0u) {
-        return;
-    }
-
-    // Phase 3: RMSNorm of the mix; each thread rescales the columns it wrote.
-    red[lid] = hs;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
+    // The mix's mean square from the Gram matrix: ||sum_j a_j v_j||^2 = sum_jk a_j a_k G_jk
+    // (the sources are residual states, strongly correlated, not cancelling: no precision
+    // lost against summing h^2 directly, and no third pass).
+    var inv = 1.0;
+    if (p.norm != 0u) {
+        var hh = 0.0;
+        for (var j = 0u; j < MAX_SOURCES; j++) {
+            for (var k = 0u; k <= j; k++) {
+                let jj = min(j, n - 1u);
+                let g = red[tot + n + jj * (jj + 1u) / 2u + min(k, jj)];
+                hh += select(0.0, select(2.0, 1.0, k == j) * wj[j] * wj[k] * g, j < n);
+            }
         }
-        workgroupBarrier();
+        inv = inverseSqrt(max(hh, 0.0) / f32(p.d) + p.eps);
     }
-    let inv = inverseSqrt(red[0] / f32(d) + p.eps);
-    for (var i = lid; i < d; i += WG) {
-        out[t * d + i] = out[t * d + i] * inv * bf16_of(norm_w[i >> 1u], i);
+    let i = min(wg.x * WG + lid, p.d - 1u);
+    let cv = current(t, i);
+    var acc = 0.0;
+    for (var j = 0u; j < MAX_SOURCES; j++) {
+        acc += wj[j] * source(j, t, i, cv);
+    }
+    if (p.norm != 0u) {
+        acc = acc * inv * bf16_of(norm_w[i >> 1u], i);
+    }
+    if (wg.x * WG + lid < p.d) {
+        out[t * p.d + i] = acc;
     }
 }

@@ -8,18 +8,36 @@ use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
 shader_params!(
     /// Mirrors `AttnResParams` in shaders/attn_res.wgsl.
     AttnResParams in "attn_res" {
-        tokens: u32, d: u32, n_bank: u32, bank_stride: u32, eps: f32, add: u32, norm: u32, _pad: u32,
+        tokens: u32, d: u32, n_bank: u32, bank_stride: u32, eps: f32, add: u32, norm: u32, chunk: u32,
     }
 );
 
-pub const ATTN_RES_NORM: Kernel = Kernel::new("attn_res_norm", "attn_res", "attn_res_norm");
-pub const KERNELS: &[Kernel] = &[ATTN_RES_NORM];
+pub const ATTN_RES_SUMS: Kernel = Kernel::new("attn_res_sums", "attn_res", "attn_res_sums");
+pub const ATTN_RES_MIX: Kernel = Kernel::new("attn_res_mix", "attn_res", "attn_res_mix");
+pub const KERNELS: &[Kernel] = &[ATTN_RES_SUMS, ATTN_RES_MIX];
 /// Most sources one aggregation takes (MAX_SOURCES in the shader).
 pub const MAX_SOURCES: usize = 16;
+/// Workgroup size of both passes, and floats of the shader's workgroup array.
+const WG: usize = 256;
+const SHARED_FLOATS: usize = 4352;
 
-/// Floats the `alpha` buffer of [`attn_res`] needs: the [T, n] softmax weights.
-pub fn alpha_len(tokens: usize, _d: usize, sources: usize) -> usize {
-    tokens * sources
+/// Partial sums per column chunk of `sources` sources: the dots and the Gram matrix's
+/// lower triangle.
+fn partials(sources: usize) -> usize {
+    sources + sources * (sources + 1) / 2
+}
+
+/// Columns per chunk of the sums pass: 1024, or more where the mix pass's workgroup array
+/// (every chunk's partial sums and their totals) would not hold them.
+fn chunk(d: usize, sources: usize) -> usize {
+    let max_chunks = SHARED_FLOATS / partials(sources) - 1;
+    d.div_ceil(max_chunks).next_multiple_of(WG).max(1024)
+}
+
+/// Floats the `alpha` buffer of [`attn_res`] needs: the [T, n] softmax weights, then the
+/// per-chunk partial sums (scratch).
+pub fn alpha_len(tokens: usize, d: usize, sources: usize) -> usize {
+    tokens * (sources + d.div_ceil(chunk(d, sources)) * partials(sources))
 }
 
 /// The sources of one aggregation: `n_bank` completed blocks (entries of `bank_stride` f32,
@@ -94,13 +112,13 @@ fn record(
     norm_w: Option<&wgpu::Buffer>,
     out: &wgpu::Buffer,
     alpha: &wgpu::Buffer,
-    profiler: Option<&mut Profiler>,
+    mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     let n = s.n_bank + 1;
-    if n > MAX_SOURCES || d == 0 || tokens == 0 || (s.n_bank > 0 && s.bank_stride < tokens * d) {
+    if n > MAX_SOURCES || d == 0 || tokens == 0 || (s.n_bank > 0 && s.bank_stride < tokens * d) || tokens as u32 > gpu.caps.max_workgroups_per_dim {
         return Err(GpuError::Shape(format!(
-            "attn_res: {n} sources (at most {MAX_SOURCES}), {tokens} tokens x d {d}, bank stride {} < {tokens} x {d}",
-            s.bank_stride
+            "attn_res: {n} sources (at most {MAX_SOURCES}), {tokens} tokens (at most {}) x d {d}, bank stride {} < {tokens} x {d}",
+            gpu.caps.max_workgroups_per_dim, s.bank_stride
         )));
     }
     let td = (tokens * d * 4) as u64;
@@ -123,7 +141,7 @@ fn record(
         eps,
         add: s.add.is_some() as u32,
         norm: norm_w.is_some() as u32,
-        _pad: 0,
+        chunk: chunk(d, n) as u32,
     };
     // Without a sum the addend binding reads cur and `part` is never written (a dummy).
     let dummy;
@@ -134,6 +152,9 @@ fn record(
             (s.cur, &dummy)
         }
     };
-    let buffers = [(1, s.bank), (2, s.cur), (3, q.gamma), (4, q.proj), (5, out), (6, alpha), (7, addend), (8, part), (9, norm_w.unwrap_or(q.gamma))];
-    dispatch(gpu, enc, &ATTN_RES_NORM, &p, &buffers, (tokens as u32, 1), profiler)
+    let sums = [(1, s.bank), (2, s.cur), (3, q.gamma), (4, q.proj), (6, alpha), (7, addend), (8, part)];
+    let groups = (n * d.div_ceil(chunk(d, n))) as u32;
+    dispatch(gpu, enc, &ATTN_RES_SUMS, &p, &sums, (groups, tokens as u32), profiler.as_deref_mut())?;
+    let mix = [(1, s.bank), (2, s.cur), (5, out), (6, alpha), (7, addend), (9, norm_w.unwrap_or(q.gamma))];
+    dispatch(gpu, enc, &ATTN_RES_MIX, &p, &mix, (d.div_ceil(WG) as u32, tokens as u32), profiler)
 }
