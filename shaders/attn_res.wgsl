@@ -45,9 +45,11 @@ struct AttnResParams {
 
 const WG: u32 = 256u;
 const MAX_SOURCES: u32 = 16u;
-// Values one sums workgroup reduces: the dot and up to MAX_SOURCES Gram entries.
-const SUMS: u32 = MAX_SOURCES + 1u;
-var<workgroup> red: array<f32, 4352>; // sums: [SUMS, WG]; mix: partials, then totals
+var<workgroup> red: array<f32, 4352>; // sums: [2, WG]; mix: partials, then totals
+// The softmax weights, then the mix's inverse RMS.
+var<workgroup> weights: array<f32, 17>;
+// Columns per thread per step of the sums pass.
+const COLS: u32 = 4u;
 
 fn bf16_of(word: u32, i: u32) -> f32 {
     return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
@@ -78,50 +80,71 @@ fn source(j: u32, t: u32, i: u32, cv: f32) -> f32 {
     return select(cv, b, j < p.n_bank);
 }
 
+// Gram entry q of the lower triangle as (j, k), k <= j.
+fn pair(q: u32) -> vec2<u32> {
+    var j = u32((sqrt(8.0 * f32(q) + 1.0) - 1.0) * 0.5);
+    // Float rounding near perfect squares: step to the row that holds q.
+    if (j * (j + 1u) / 2u > q) {
+        j -= 1u;
+    } else if ((j + 1u) * (j + 2u) / 2u <= q) {
+        j += 1u;
+    }
+    return vec2<u32>(j, q - j * (j + 1u) / 2u);
+}
+
 @compute @workgroup_size(256)
 fn attn_res_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = p.n_bank + 1u;
     let nc = chunks();
-    let j = wg.x / nc;
+    let q = wg.x / nc;
     let c = wg.x % nc;
     let t = wg.y;
-    if (j >= n || t >= p.tokens) {
+    if (q >= n * (n + 1u) / 2u || t >= p.tokens) {
         return;
     }
-    // acc[0]: the dot with gamma * proj; acc[1 + k]: v_j . v_k (k <= j). Every load issued
-    // unconditionally (clamped), dropped by select: guarded loads were waited one by one.
-    var acc: array<f32, SUMS>;
-    for (var i0 = c * p.chunk; i0 < min(p.d, (c + 1u) * p.chunk); i0 += WG) {
-        let i = min(i0 + lid, p.d - 1u);
-        let keep = i0 + lid < min(p.d, (c + 1u) * p.chunk);
-        let cv = current(t, i);
-        let vj = select(0.0, source(j, t, i, cv), keep);
-        if (p.add != 0u && j == n - 1u && keep) {
-            part[t * p.d + i] = vj;
+    let jk = pair(q);
+    let diagonal = jk.x == jk.y;
+    // COLS columns per thread, all loads issued first (clamped; select drops the rest).
+    var g = 0.0;
+    var dq = 0.0;
+    for (var i0 = c * p.chunk; i0 < min(p.d, (c + 1u) * p.chunk); i0 += WG * COLS) {
+        var vj: array<f32, COLS>;
+        var vk: array<f32, COLS>;
+        for (var u = 0u; u < COLS; u++) {
+            let i = min(i0 + u * WG + lid, p.d - 1u);
+            let cv = current(t, i);
+            vj[u] = source(jk.x, t, i, cv);
+            vk[u] = source(jk.y, t, i, cv);
         }
-        acc[0] += vj * bf16_of(gamma[i >> 1u], i) * bf16_of(proj[i >> 1u], i);
-        for (var k = 0u; k < MAX_SOURCES; k++) {
-            acc[1u + k] += select(0.0, vj * source(k, t, i, cv), k <= j);
+        for (var u = 0u; u < COLS; u++) {
+            let i = i0 + u * WG + lid;
+            let keep = i < min(p.d, (c + 1u) * p.chunk);
+            g += select(0.0, vj[u] * vk[u], keep);
+            if (diagonal) {
+                let ic = min(i, p.d - 1u);
+                dq += select(0.0, vj[u] * bf16_of(gamma[ic >> 1u], ic) * bf16_of(proj[ic >> 1u], ic), keep);
+                if (p.add != 0u && jk.x == n - 1u && keep) {
+                    part[t * p.d + i] = vj[u];
+                }
+            }
         }
     }
-    for (var m = 0u; m < SUMS; m++) {
-        red[m * WG + lid] = acc[m];
-    }
+    red[lid] = g;
+    red[WG + lid] = dq;
     workgroupBarrier();
     for (var s = WG / 2u; s > 0u; s = s >> 1u) {
         if (lid < s) {
-            for (var m = 0u; m <= j + 1u; m++) {
-                red[m * WG + lid] += red[m * WG + lid + s];
-            }
+            red[lid] += red[lid + s];
+            red[WG + lid] += red[WG + lid + s];
         }
         workgroupBarrier();
     }
-    let at = p.tokens * n + (t * nc + c) * partials_per_chunk(n);
     if (lid == 0u) {
-        alpha[at + j] = red[0];
-    }
-    if (lid <= j) {
-        alpha[at + n + j * (j + 1u) / 2u + lid] = red[(1u + lid) * WG];
+        let at = p.tokens * n + (t * nc + c) * partials_per_chunk(n);
+        alpha[at + n + q] = red[0];
+        if (diagonal) {
+            alpha[at + jk.x] = red[WG];
+        }
     }
 }
 
@@ -150,47 +173,45 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         red[tot + m] = s;
     }
     workgroupBarrier();
-    var wj: array<f32, MAX_SOURCES>;
-    var mx = -3.40282347e38;
-    for (var j = 0u; j < MAX_SOURCES; j++) {
-        let jj = min(j, n - 1u);
-        let gjj = red[tot + n + jj * (jj + 1u) / 2u + jj];
-        wj[j] = red[tot + jj] * inverseSqrt(gjj / f32(p.d) + p.eps);
-        if (j < n) {
-            mx = max(mx, wj[j]);
+    // Softmax weights and the mix's inverse RMS, once, by thread 0 (loops over the n
+    // sources only: unrolled over MAX_SOURCES with selects, the quadratic form cost ~30 us).
+    if (lid == 0u) {
+        var mx = -3.40282347e38;
+        for (var j = 0u; j < n; j++) {
+            let s = red[tot + j] * inverseSqrt(red[tot + n + j * (j + 1u) / 2u + j] / f32(p.d) + p.eps);
+            weights[j] = s;
+            mx = max(mx, s);
         }
-    }
-    var sum = 0.0;
-    for (var j = 0u; j < MAX_SOURCES; j++) {
-        wj[j] = select(0.0, exp(wj[j] - mx), j < n);
-        sum += wj[j];
-    }
-    for (var j = 0u; j < MAX_SOURCES; j++) {
-        wj[j] = wj[j] / sum;
-    }
-    if (wg.x == 0u && lid < n) {
-        // Same arithmetic as every workgroup's weights, so alpha is exactly what was mixed.
-        var e = 0.0;
-        for (var j = 0u; j < MAX_SOURCES; j++) {
-            e = select(e, wj[j], j == lid);
+        var sum = 0.0;
+        for (var j = 0u; j < n; j++) {
+            weights[j] = exp(weights[j] - mx);
+            sum += weights[j];
         }
-        alpha[t * n + lid] = e;
-    }
-    // The mix's mean square from the Gram matrix: ||sum_j a_j v_j||^2 = sum_jk a_j a_k G_jk
-    // (the sources are residual states, strongly correlated, not cancelling: no precision
-    // lost against summing h^2 directly, and no third pass).
-    var inv = 1.0;
-    if (p.norm != 0u) {
-        var hh = 0.0;
-        for (var j = 0u; j < MAX_SOURCES; j++) {
-            for (var k = 0u; k <= j; k++) {
-                let jj = min(j, n - 1u);
-                let g = red[tot + n + jj * (jj + 1u) / 2u + min(k, jj)];
-                hh += select(0.0, select(2.0, 1.0, k == j) * wj[j] * wj[k] * g, j < n);
+        for (var j = 0u; j < n; j++) {
+            weights[j] = weights[j] / sum;
+            if (wg.x == 0u) {
+                alpha[t * n + j] = weights[j];
             }
         }
-        inv = inverseSqrt(max(hh, 0.0) / f32(p.d) + p.eps);
+        // The mix's mean square from the Gram matrix: ||sum_j a_j v_j||^2 = sum_jk a_j a_k G_jk
+        // (the sources are residual states, strongly correlated, not cancelling: no precision
+        // lost against summing h^2 directly, and no third pass).
+        var hh = 0.0;
+        for (var j = 0u; j < n; j++) {
+            var row = 0.0;
+            for (var k = 0u; k < j; k++) {
+                row += weights[k] * red[tot + n + j * (j + 1u) / 2u + k];
+            }
+            hh += weights[j] * (2.0 * row + weights[j] * red[tot + n + j * (j + 1u) / 2u + j]);
+        }
+        weights[MAX_SOURCES] = inverseSqrt(max(hh, 0.0) / f32(p.d) + p.eps);
     }
+    workgroupBarrier();
+    var wj: array<f32, MAX_SOURCES>;
+    for (var j = 0u; j < MAX_SOURCES; j++) {
+        wj[j] = select(0.0, weights[min(j, n - 1u)], j < n);
+    }
+    let inv = select(1.0, weights[MAX_SOURCES], p.norm != 0u);
     let i = min(wg.x * WG + lid, p.d - 1u);
     let cv = current(t, i);
     var acc = 0.0;

@@ -153,7 +153,8 @@ fn record(
         }
     };
     let sums = [(1, s.bank), (2, s.cur), (3, q.gamma), (4, q.proj), (6, alpha), (7, addend), (8, part)];
-    let groups = (n * d.div_ceil(chunk(d, n))) as u32;
+    // One workgroup per (Gram entry, column chunk).
+    let groups = (n * (n + 1) / 2 * d.div_ceil(chunk(d, n))) as u32;
     dispatch(gpu, enc, &ATTN_RES_SUMS, &p, &sums, (groups, tokens as u32), profiler.as_deref_mut())?;
     let mix = [(1, s.bank), (2, s.cur), (5, out), (6, alpha), (7, addend), (9, norm_w.unwrap_or(q.gamma))];
     dispatch(gpu, enc, &ATTN_RES_MIX, &p, &mix, (d.div_ceil(WG) as u32, tokens as u32), profiler)
