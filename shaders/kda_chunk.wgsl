@@ -3,10 +3,11 @@
 //   kda_chunk_intra:  per (chunk, head): A_kk, A_qk on 16x16 blocks (pairwise exponents on the
 //                     diagonal blocks, the first row of the row's sub-chunk as reference off the
 //                     diagonal; never e^-Gamma alone; each thread one element of every block,
-//                     channels staged 8 at a time as vec4 quads), M = (I + diag(beta) A_kk)^-1 blockwise, then
-//                     [w | u] = M diag(beta) [K e^Gamma | V] as a register-tiled product (4x4 per
-//                     thread, 64-column slices staged); qg = q e^Gamma and kg = k e^(Gamma_last -
-//                     Gamma) on the way.
+//                     channels staged 8 at a time as vec4 quads), M = (I + diag(beta) A_kk)^-1 blockwise
+//                     (in place: 32 KiB of workgroup memory, within Metal's and DX12's limit),
+//                     then [w | u] = (M diag(beta)) [K e^Gamma | V] as a register-tiled product
+//                     (4x4 per thread, 64-column slices staged); qg = q e^Gamma and kg = k
+//                     e^(Gamma_last - Gamma) on the way.
 //   kda_chunk_state:  per (head, tile of SBV value columns), sequential over chunks: keep S_n
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
@@ -17,7 +18,8 @@
 // Inner loops run a constant trip count (tiles zero-filled past K and past the last row), 4
 // steps at a time with the loads first. Workgroup memory stays below 48 KiB per kernel
 // (NVIDIA's Vulkan limit: a 57 KiB kernel hung the H200; lavapipe runs kernels above the 32
-// KiB it reports, so the tests do not catch an overrun). The host runs intra (f32 outputs),
+// KiB it reports, so the tests do not catch an overrun); intra, state16 and out stay within
+// 32 KiB (Metal, DX12), where the host runs state16 instead of state (41 KB). The host runs intra (f32 outputs),
 // state and out without wgpu's runtime bounds checks: every index is in range by
 // construction (global reads are guarded by row < nv and channel/column < K).
 //   kda_chunk_out:    per (chunk, head, tile of OVT columns), in parallel: O = [qg | A_qk] [S_n ; U]
@@ -114,12 +116,14 @@ const P_LK: u32 = 384u;      // k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row o
 const P_LQ: u32 = 512u;      // q_r e^(Gamma_r - Gamma_n(r))
 const P_RK: u32 = 640u;      // [3, 2, 64] k_j e^(Gamma_n - Gamma_j), n = 16, 32, 48, j < n
 // sh_p: the phase-1 staging, then (scalar view) M = (I + A)^-1 [C, C] (row-major, stride C).
+// M's blocks above the diagonal are zero and never read, so they hold the inverse's block
+// products T (at t_at) instead of a third array.
 var<workgroup> sh_p: array<vec4<f32>, 1024>;
 // sh_a: A = diag(beta) A_kk [C, C] (scalar view) during the inverse, then the staged right-hand
 // side [C rows, 16 column quads] of [w | u] = M B.
 var<workgroup> sh_a: array<vec4<f32>, 1024>;
-var<workgroup> sh_t: array<f32, 768>;        // [3, 16, 16] block products of the inverse
-var<workgroup> sh_beta: array<f32, 64>;
+// Both 16 KiB: 32 KiB in all. beta is read from global memory (5 values per thread) rather
+// than staged, which would take the kernel past Metal's and DX12's 32 KiB.
 
 fn a_get(e: u32) -> f32 {
     return sh_a[e >> 2u][e & 3u];
@@ -137,6 +141,11 @@ fn m_set(e: u32, x: f32) {
     sh_p[e >> 2u][e & 3u] = x;
 }
 
+// Element e of T [3, 16, 16] (block b of T = M's block (0, b + 1), rows 0..15 above the diagonal).
+fn t_at(e: u32) -> u32 {
+    return ((e / SUB) % SUB) * C + (e / (SUB * SUB) + 1u) * SUB + e % SUB;
+}
+
 // (k_i . kj', q_i . kj') over one channel quad (base = quad * 64) with kj' = k_j e^(Gamma_i -
 // Gamma_j) of one diagonal-block pair; the exponent is clamped at 0 (pairs j > i are masked).
 fn diag_pair(base: u32, ri: u32, rj: u32) -> vec2<f32> {
@@ -149,15 +158,16 @@ fn off_pair(lk: vec4<f32>, lq: vec4<f32>, a: u32, base: u32, j: u32) -> vec2<f32
     return vec2<f32>(dot(lk, rk), dot(lq, rk));
 }
 
-// Block (a, b) of A_kk (beta-scaled, into sh_a) and A_qk (global, or staged in sh_p for packing) from thread
-// (i, j)'s accumulator `x` = (kk, qk); `diag`: a == b (mask j < i / j <= i), `zero`: b > a.
-fn put_block(a: u32, b: u32, i: u32, j: u32, x: vec2<f32>, nv: u32, abase: u32) {
+// Block (a, b) of A_kk (scaled by `br`, beta of row 16 a + i, into sh_a) and A_qk (global, or
+// staged in sh_p for packing) from thread (i, j)'s accumulator `x` = (kk, qk); `diag`: a == b
+// (mask j < i / j <= i), `zero`: b > a.
+fn put_block(a: u32, b: u32, i: u32, j: u32, x: vec2<f32>, nv: u32, abase: u32, br: f32) {
     let r = a * SUB + i;
     let c = b * SUB + j;
     let live = r < nv && b <= a;
     let kk_ok = live && (b < a || j < i);
     let qk_ok = live && (b < a || j <= i);
-    a_set(r * C + c, select(0.0, sh_beta[r] * x.x, kk_ok));
+    a_set(r * C + c, select(0.0, br * x.x, kk_ok));
     let qv = select(0.0, x.y, qk_ok);
     if (HALF_OUT) {
         m_set(r * C + c, qv);
@@ -205,6 +215,10 @@ fn p1_fetch(c0: u32, t0: u32, nv: u32, hk: u32, h: u32, lid: u32) -> P1Raw {
     return x;
 }
 
+fn beta_row(t0: u32, nv: u32, h: u32, r: u32) -> f32 {
+    return select(0.0, beta[(t0 + min(r, nv - 1u)) * p.heads + h], r < nv);
+}
+
 @compute @workgroup_size(256)
 fn kda_chunk_intra(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -220,12 +234,14 @@ fn kda_chunk_intra(
     let nv = rows_in(n);
     let hk = p.heads * p.dk;
     let t0 = n * C;
-    if (lid < C) {
-        sh_beta[lid] = select(0.0, beta[(t0 + min(lid, nv - 1u)) * p.heads + h], lid < nv);
-    }
     // Phase 1: thread (i, j) accumulates element (16a + i, 16b + j) of every lower block (a, b).
     let i = lid / SUB;
     let j = lid % SUB;
+    // beta of the thread's block rows i, 16 + i, 32 + i, 48 + i (phase 2) and of its column
+    // lid % C of M (phase 3's end); 0 past the last row.
+    let bet = vec4<f32>(beta_row(t0, nv, h, i), beta_row(t0, nv, h, SUB + i), beta_row(t0, nv, h, 2u * SUB + i),
+        beta_row(t0, nv, h, 3u * SUB + i));
+    let bcol = beta_row(t0, nv, h, lid % C);
     var d0 = vec2<f32>(0.0);
     var d1 = vec2<f32>(0.0);
     var d2 = vec2<f32>(0.0);
@@ -296,22 +312,22 @@ fn kda_chunk_intra(
     // every block is written (zeros above the diagonal blocks and in rows past the end).
     let abase = id * C * C;
     let z = vec2<f32>(0.0);
-    put_block(0u, 0u, i, j, d0, nv, abase);
-    put_block(0u, 1u, i, j, z, nv, abase);
-    put_block(0u, 2u, i, j, z, nv, abase);
-    put_block(0u, 3u, i, j, z, nv, abase);
-    put_block(1u, 0u, i, j, o10, nv, abase);
-    put_block(1u, 1u, i, j, d1, nv, abase);
-    put_block(1u, 2u, i, j, z, nv, abase);
-    put_block(1u, 3u, i, j, z, nv, abase);
-    put_block(2u, 0u, i, j, o20, nv, abase);
-    put_block(2u, 1u, i, j, o21, nv, abase);
-    put_block(2u, 2u, i, j, d2, nv, abase);
-    put_block(2u, 3u, i, j, z, nv, abase);
-    put_block(3u, 0u, i, j, o30, nv, abase);
-    put_block(3u, 1u, i, j, o31, nv, abase);
-    put_block(3u, 2u, i, j, o32, nv, abase);
-    put_block(3u, 3u, i, j, d3, nv, abase);
+    put_block(0u, 0u, i, j, d0, nv, abase, bet[0]);
+    put_block(0u, 1u, i, j, z, nv, abase, bet[0]);
+    put_block(0u, 2u, i, j, z, nv, abase, bet[0]);
+    put_block(0u, 3u, i, j, z, nv, abase, bet[0]);
+    put_block(1u, 0u, i, j, o10, nv, abase, bet[1]);
+    put_block(1u, 1u, i, j, d1, nv, abase, bet[1]);
+    put_block(1u, 2u, i, j, z, nv, abase, bet[1]);
+    put_block(1u, 3u, i, j, z, nv, abase, bet[1]);
+    put_block(2u, 0u, i, j, o20, nv, abase, bet[2]);
+    put_block(2u, 1u, i, j, o21, nv, abase, bet[2]);
+    put_block(2u, 2u, i, j, d2, nv, abase, bet[2]);
+    put_block(2u, 3u, i, j, z, nv, abase, bet[2]);
+    put_block(3u, 0u, i, j, o30, nv, abase, bet[3]);
+    put_block(3u, 1u, i, j, o31, nv, abase, bet[3]);
+    put_block(3u, 2u, i, j, o32, nv, abase, bet[3]);
+    put_block(3u, 3u, i, j, d3, nv, abase, bet[3]);
     workgroupBarrier();
     if (HALF_OUT) {
         // A_qk leaves as f16 pairs (adjacent columns come from different threads: staged).
@@ -350,7 +366,7 @@ fn kda_chunk_intra(
             for (var m = b * SUB; m < a * SUB; m++) {
                 acc += a_get((a * SUB + ii) * C + m) * m_get(m * C + b * SUB + jj);
             }
-            sh_t[e] = acc;
+            m_set(t_at(e), acc);
         }
         workgroupBarrier();
         for (var e = lid; e < nb * SUB * SUB; e += WG) {
@@ -360,13 +376,18 @@ fn kda_chunk_intra(
             let jj = e % SUB;
             var acc = 0.0;
             for (var m = 0u; m <= ii; m++) {
-                acc += m_get((a * SUB + ii) * C + a * SUB + m) * sh_t[b * SUB * SUB + m * SUB + jj];
+                acc += m_get((a * SUB + ii) * C + a * SUB + m) * m_get(t_at(b * SUB * SUB + m * SUB + jj));
             }
             m_set((a * SUB + ii) * C + b * SUB + jj, -acc);
         }
         workgroupBarrier();
     }
-    // Phase 4: [w | u] = M B, B = diag(beta) [K e^Gamma | V], in slices of 64 columns (first
+    // M diag(beta): column lid % C of every row (once, instead of scaling each staged slice
+    // of the right-hand side).
+    for (var e = lid; e < C * C; e += WG) {
+        m_set(e, m_get(e) * bcol);
+    }
+    // Phase 4: [w | u] = M' B, M' = M diag(beta), B = [K e^Gamma | V], in slices of 64 columns (first
     // the K/64 slices of w, then those of u). The staging threads also write qg and kg.
     // Thread (rg, cg): rows 4 rg .. 4 rg + 3, columns 4 cg .. 4 cg + 3 of the slice.
     let glast = (t0 + nv - 1u) * hk + h * p.dk;
@@ -405,7 +426,6 @@ fn kda_chunk_intra(
                     x = vec2<f32>(v[at], v[at + 1u]);
                 }
             }
-            x *= sh_beta[m];
             let qd = m * 16u + c2 / 4u;
             sh_a[qd][c2 % 4u] = x.x;
             sh_a[qd][c2 % 4u + 1u] = x.y;

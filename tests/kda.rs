@@ -1,12 +1,14 @@
 //! KDA on the GPU vs the f64 CPU reference and the golden data: the fused decode kernel, the
 //! chunked WY/UT prefill (T in {1, 17, 64, 65, 200, 1000}, 1-4 heads, head dims 16..128, both
-//! gate forms, with and without an initial state), prefill-then-decode hand-off, and the layer.
+//! gate forms, with and without an initial state; each state-pass kernel forced, whatever the
+//! adapter reports), the choice of kernels by workgroup memory, prefill-then-decode hand-off,
+//! and the layer.
 
 mod support;
 
 use k31_engine::config::{KdaGate, KdaOutputGate};
 use k31_engine::gpu::Gpu;
-use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeVariant, KdaGeom, KdaInputs, Prepped};
+use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeVariant, KdaGeom, KdaInputs, Prepped, StateVariant};
 use k31_engine::reference::kda as r;
 use support::golden;
 
@@ -76,6 +78,11 @@ impl Core {
 
     /// [`Core::gpu_run`] with the prefill through `path` and the decode through `dv`.
     fn gpu_run_path(&self, gpu: &Gpu, path: ChunkPath, dv: DecodeVariant, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+        self.gpu_run_with(gpu, path, None, dv, t, n)
+    }
+
+    /// [`Core::gpu_run_path`], the SIMT prefill's state pass forced to `sv` where given.
+    fn gpu_run_with(&self, gpu: &Gpu, path: ChunkPath, sv: Option<StateVariant>, dv: DecodeVariant, t: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
         let g = &self.geom;
         let (p, k, h) = (g.proj(), g.head_dim, g.heads);
         let ring = gpu.storage("ring", (g.taps * 3 * p * 4) as u64);
@@ -92,7 +99,11 @@ impl Core {
             self.with_rows(gpu, 0, t, |inp| {
                 let mut enc = gpu.device.create_command_encoder(&Default::default());
                 kda::prep(gpu, &mut enc, g, t, 0, inp, &ring, &pre, None).expect("prep");
-                kda::chunk_prefill_with(gpu, &mut enc, path, g, &pre, &scratch, &state, &o, None).expect("prefill");
+                match sv {
+                    Some(sv) => kda::chunk_prefill_state(gpu, &mut enc, sv, g, &pre, &scratch, &state, &o, None),
+                    None => kda::chunk_prefill_with(gpu, &mut enc, path, g, &pre, &scratch, &state, &o, None),
+                }
+                .expect("prefill");
                 gpu.queue.submit([enc.finish()]);
             });
             out.extend(gpu.read::<f32>(&o, t * p).expect("read o"));
@@ -234,6 +245,85 @@ fn prefill_matches_reference() {
     }
 }
 
+/// Both state-pass kernels, forced (on lavapipe, which reports 32 KiB of workgroup memory
+/// but runs more, the default is the 20 KB one and the 41 KB one runs only here): T across
+/// chunk edges, K = 16, 64, 128 (and 256 for the narrow kernel), both gates, with and without
+/// an initial state.
+#[test]
+fn prefill_state_variants_match_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    let mut seed = 800;
+    let mut worst: f64 = 0.0;
+    for sv in StateVariant::ALL {
+        for t in [17, 64, 65, 200] {
+            for k in [16, 64, 128, 256] {
+                for (gate, init) in [(BOUNDED, false), (BOUNDED, true), (KdaGate::Softplus, false), (KdaGate::Softplus, true)] {
+                    seed += 1;
+                    let core = random_core(seed, t, 2, k, gate, init);
+                    if !sv.supports(&core.geom) {
+                        continue;
+                    }
+                    let (want_o, want_s) = core.reference(t);
+                    let (got_o, got_s) = core.gpu_run_with(&gpu, ChunkPath::Simt, Some(sv), DecodeVariant::C32, t, 0);
+                    let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
+                    worst = worst.max(eo).max(es);
+                    assert!(eo <= TOL && es <= TOL, "{sv:?} T={t} K={k} {gate:?} init={init}: o {eo:.2e} state {es:.2e}");
+                }
+            }
+        }
+    }
+    eprintln!("state variants: worst rel L2 {worst:.2e}");
+    let big = KdaGeom { heads: 1, head_dim: 256, taps: 4, gate: BOUNDED, post_conv: false };
+    assert!(!StateVariant::Staged.supports(&big));
+}
+
+/// The prefill picks its kernels by the adapter's workgroup memory: the intra kernels fit
+/// 32 KiB (Metal, DX12) and so run everywhere; the staged state pass only where its 41 KB
+/// fit (NVIDIA, AMD Vulkan; not lavapipe's reported 32 KiB) and K <= 128.
+#[test]
+fn prefill_kernels_by_workgroup_memory() {
+    let Some(gpu) = support::gpu() else { return };
+    let p = &gpu.pipelines;
+    for kern in [kda::KDA_CHUNK_INTRA, kda::KDA_CHUNK_INTRA_H, kda::KDA_CHUNK_STATE16, kda::KDA_CHUNK_OUT] {
+        let b = p.workgroup_bytes(&kern).expect("measure");
+        assert!(b <= 32 * 1024, "{}: {b} bytes", kern.name);
+    }
+    let staged_fits = p.fits(&gpu, &kda::KDA_CHUNK_STATE).expect("measure");
+    assert_eq!(staged_fits, gpu.caps.max_workgroup_storage >= p.workgroup_bytes(&kda::KDA_CHUNK_STATE).unwrap());
+    for (k, want) in [(64, if staged_fits { StateVariant::Staged } else { StateVariant::Narrow }), (256, StateVariant::Narrow)] {
+        let geom = KdaGeom { heads: 2, head_dim: k, taps: 4, gate: BOUNDED, post_conv: false };
+        assert_eq!(StateVariant::default_for(&gpu, &geom).expect("choose"), want, "K={k}");
+    }
+}
+
+/// With the workgroup limit enforced (lavapipe is otherwise let through: it runs larger
+/// kernels than it reports), a kernel over the limit is a clear pipeline error, and the
+/// default prefill and decode do not ask for one.
+#[test]
+fn workgroup_limit_is_enforced_and_defaults_fit() {
+    let Some(_) = support::gpu() else { return };
+    let gpu = Gpu::open(None).expect("second device");
+    gpu.pipelines.enforce_workgroup_limit(true);
+    let limit = gpu.caps.max_workgroup_storage;
+    let staged = gpu.pipelines.workgroup_bytes(&kda::KDA_CHUNK_STATE).expect("measure");
+    match gpu.pipelines.get(&gpu, &kda::KDA_CHUNK_STATE) {
+        Ok(_) => assert!(staged <= limit, "kda_chunk_state ({staged} bytes) built past the {limit}-byte limit"),
+        Err(e) => {
+            assert!(staged > limit, "kda_chunk_state ({staged} bytes, limit {limit}): {e}");
+            let msg = e.to_string();
+            assert!(msg.contains("workgroup memory") && msg.contains(&staged.to_string()), "unclear error: {msg}");
+            eprintln!("over the limit: {msg}");
+        }
+    }
+    for (seed, t, n, k, gate, init) in [(900, 65, 2, 128, BOUNDED, true), (901, 17, 1, 256, KdaGate::Softplus, false)] {
+        let core = random_core(seed, t + n, 2, k, gate, init);
+        let (want_o, want_s) = core.reference(t + n);
+        let (got_o, got_s) = core.gpu_run(&gpu, t, n);
+        let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
+        assert!(eo <= TOL && es <= TOL, "strict T={t} N={n} K={k}: o {eo:.2e} state {es:.2e}");
+    }
+}
+
 /// The cooperative-matrix prefill (f16 operands, f32 accumulation), where the adapter has it
 /// (not on lavapipe: there this test only checks that the path is not offered). Its error
 /// against the f64 reference is printed; the bound is the f16 one, not the SIMT 1e-4.
@@ -242,7 +332,8 @@ fn coop_prefill_matches_reference() {
     let Some(gpu) = support::gpu() else { return };
     let probe = KdaGeom { heads: 1, head_dim: 128, taps: 4, gate: BOUNDED, post_conv: false };
     if !ChunkPath::available(&gpu, &probe).contains(&ChunkPath::Coop) {
-        assert!(!gpu.caps.coopmat || !gpu.caps.subgroups, "coop path missing on an adapter that has it");
+        let fits = gpu.pipelines.fits(&gpu, &kda::KDA_COOP_SCAN).expect("measure");
+        assert!(!gpu.caps.coopmat || !gpu.caps.subgroups || !fits, "coop path missing on an adapter that has it");
         eprintln!("no cooperative matrices on this adapter: coop prefill not tested");
         return;
     }

@@ -81,8 +81,9 @@ fn every_shader_validates_and_translates() {
 /// lavapipe enforce the 32 KiB it reports.
 const MAX_WORKGROUP_BYTES: u32 = 48 * 1024;
 
-/// Kernels that ops fall back to on adapters with 32 KiB of workgroup memory (Metal, DX12).
-const PORTABLE_FALLBACKS: &[&str] = &["mla_attend", "kda_chunk_state16"];
+/// Kernels that run on adapters with 32 KiB of workgroup memory (Metal, DX12): the ones ops
+/// fall back to there, and the KDA prefill kernels that have no larger variant.
+const PORTABLE_FALLBACKS: &[&str] = &["mla_attend", "kda_chunk_state16", "kda_chunk_intra", "kda_chunk_intra_h", "kda_chunk_out"];
 
 #[test]
 fn every_kernel_variant_specialises_and_translates() {

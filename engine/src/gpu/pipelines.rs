@@ -3,6 +3,7 @@
 
 use super::{Gpu, GpuError};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One kernel variant: a shader file, an entry point and the override constants that
@@ -83,32 +84,52 @@ pub fn workgroup_bytes(module: &naga::Module, info: &naga::valid::ModuleInfo, en
 #[derive(Default)]
 pub struct PipelineCache {
     built: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
-    workgroup: Mutex<HashMap<&'static str, u32>>,
+    /// Workgroup bytes per shader, per entry point.
+    workgroup: Mutex<HashMap<&'static str, HashMap<String, u32>>>,
+    /// Refuse kernels over the workgroup limit on lavapipe too (see [`PipelineCache::get`]).
+    strict: AtomicBool,
+}
+
+/// Lavapipe reports 32 KiB of workgroup memory but runs kernels that use more, so the tests
+/// can run the larger variants there (the GL driver on the same llvmpipe enforces it).
+fn runs_past_workgroup_limit(gpu: &Gpu) -> bool {
+    gpu.info.backend == wgpu::Backend::Vulkan && gpu.info.name.contains("llvmpipe")
 }
 
 impl PipelineCache {
     /// Whether `k`'s workgroup memory is within the adapter's limit, so an op can choose a
-    /// variant the adapter runs (our kernels size their workgroup arrays with plain
-    /// constants, so the shader as written is measured).
+    /// variant the adapter runs.
     pub fn fits(&self, gpu: &Gpu, k: &Kernel) -> Result<bool, GpuError> {
-        let mut known = self.workgroup.lock().unwrap_or_else(|p| p.into_inner());
-        let bytes = match known.get(k.name) {
-            Some(&b) => b,
-            None => {
-                let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
-                let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
-                let module = naga::front::wgsl::parse_str(src).map_err(|e| fail(e.emit_to_string(src)))?;
-                let info = naga::valid::Validator::new(naga::valid::ValidationFlags::empty(), naga::valid::Capabilities::all())
-                    .validate(&module)
-                    .map_err(|e| fail(e.emit_to_string(src)))?;
-                let b = workgroup_bytes(&module, &info, k.entry).ok_or_else(|| fail("no such entry point".into()))?;
-                known.insert(k.name, b);
-                b
-            }
-        };
-        Ok(bytes <= gpu.caps.max_workgroup_storage)
+        Ok(self.workgroup_bytes(k)? <= gpu.caps.max_workgroup_storage)
     }
 
+    /// Makes [`PipelineCache::get`] refuse kernels over the adapter's workgroup limit even on
+    /// lavapipe (tests of the guard; kernels already built stay cached).
+    pub fn enforce_workgroup_limit(&self, on: bool) {
+        self.strict.store(on, Ordering::Relaxed);
+    }
+
+    /// Workgroup memory of `k` in bytes (our kernels size their workgroup arrays with plain
+    /// constants, so the shader as written is measured). Each shader is parsed once, for all
+    /// its entry points: `get` asks this for every kernel it builds.
+    pub fn workgroup_bytes(&self, k: &Kernel) -> Result<u32, GpuError> {
+        let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
+        let mut known = self.workgroup.lock().unwrap_or_else(|p| p.into_inner());
+        if !known.contains_key(k.shader) {
+            let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
+            let module = naga::front::wgsl::parse_str(src).map_err(|e| fail(e.emit_to_string(src)))?;
+            let info = naga::valid::Validator::new(naga::valid::ValidationFlags::empty(), naga::valid::Capabilities::all())
+                .validate(&module)
+                .map_err(|e| fail(e.emit_to_string(src)))?;
+            let entries = module.entry_points.iter().filter_map(|e| Some((e.name.clone(), workgroup_bytes(&module, &info, &e.name)?)));
+            known.insert(k.shader, entries.collect());
+        }
+        known[k.shader].get(k.entry).copied().ok_or_else(|| fail("no such entry point".into()))
+    }
+
+    /// The pipeline of `k`, built on first use. A kernel whose workgroup memory exceeds the
+    /// adapter's `max_compute_workgroup_storage_size` is an error here (drivers would fail or
+    /// hang on it later), except on lavapipe (see `runs_past_workgroup_limit`).
     pub fn get(&self, gpu: &Gpu, k: &Kernel) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
         let mut built = self.built.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = built.get(k.name) {
@@ -117,6 +138,16 @@ impl PipelineCache {
         let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
         if (k.needs_subgroups && !gpu.caps.subgroups) || (k.needs_f16 && !gpu.caps.f16) || (k.needs_coopmat && !gpu.caps.coopmat) {
             return Err(fail(format!("kernel {} needs a feature this adapter lacks", k.name)));
+        }
+        let limit = gpu.caps.max_workgroup_storage;
+        let bytes = self.workgroup_bytes(k)?;
+        if bytes > limit && (self.strict.load(Ordering::Relaxed) || !runs_past_workgroup_limit(gpu)) {
+            // Not `Pipeline` (its text reads as a missing entry point).
+            return Err(GpuError::Shape(format!(
+                "kernel {} ({}.wgsl, {}) uses {bytes} bytes of workgroup memory; this adapter allows {limit} \
+                 (max_compute_workgroup_storage_size): use a variant that fits",
+                k.name, k.shader, k.entry
+            )));
         }
         let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);

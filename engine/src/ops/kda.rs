@@ -53,8 +53,10 @@ pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", 
 /// kda_chunk_intra writing w, qg, kg as packed f16 (the coop scan's operands).
 pub const KDA_CHUNK_INTRA_H: Kernel =
     Kernel::new("kda_chunk_intra_h", "kda_chunk", "kda_chunk_intra").with_constants(&[("HALF_OUT", 1.0)]);
+/// The state pass with w and kg staged (41 KB of workgroup memory, K <= STATE_KMAX).
 pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", "kda_chunk_state").unchecked();
-/// The state pass for K > STATE_KMAX (16 columns per workgroup, S rows up to 256).
+/// The state pass for K > STATE_KMAX and for adapters where kda_chunk_state's workgroup
+/// memory does not fit (16 columns per workgroup, S rows up to 256, 20 KB).
 pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chunk", "kda_chunk_state16");
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out").unchecked();
 /// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
@@ -194,6 +196,43 @@ const STATE_COLS: usize = 32;
 /// Largest K of kda_chunk_state (rows of its workgroup-memory state tile); kda_chunk_state16
 /// (16 columns per workgroup) beyond.
 const STATE_KMAX: usize = 128;
+/// Value columns per kda_chunk_state16 workgroup (LANES in kda_chunk.wgsl).
+const STATE16_COLS: usize = 16;
+
+/// State-pass kernels of the SIMT prefill.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StateVariant {
+    /// kda_chunk_state: 32 value columns per workgroup, w and kg staged in workgroup memory
+    /// (41 KB: NVIDIA and AMD Vulkan, not Metal or DX12); K <= 128.
+    Staged,
+    /// kda_chunk_state16: 16 value columns per workgroup, w and kg read from global memory
+    /// (20 KB); any K.
+    Narrow,
+}
+
+impl StateVariant {
+    pub const ALL: [StateVariant; 2] = [StateVariant::Staged, StateVariant::Narrow];
+
+    fn kernel(self) -> (&'static Kernel, usize) {
+        match self {
+            StateVariant::Staged => (&KDA_CHUNK_STATE, STATE_COLS),
+            StateVariant::Narrow => (&KDA_CHUNK_STATE16, STATE16_COLS),
+        }
+    }
+
+    /// Whether the variant handles head dim K (the adapter's workgroup memory aside).
+    pub fn supports(self, geom: &KdaGeom) -> bool {
+        self == StateVariant::Narrow || geom.head_dim <= STATE_KMAX
+    }
+
+    /// The variant [`chunk_prefill`] uses: Staged where K allows and its workgroup memory fits
+    /// the adapter, else Narrow.
+    pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> Result<StateVariant, GpuError> {
+        let staged = StateVariant::Staged;
+        Ok(if staged.supports(geom) && gpu.pipelines.fits(gpu, staged.kernel().0)? { staged } else { StateVariant::Narrow })
+    }
+}
+
 /// Value columns per output workgroup (OVT in kda_chunk.wgsl).
 const OUT_COLS: usize = 64;
 
@@ -582,9 +621,14 @@ impl ChunkPath {
     /// the adapter has 16x16x16 f16 cooperative matrices and subgroups and K <= 128) is now
     /// 2.5x slower than the tiled SIMT path on the H200 (40.6 vs 16.4 ms at T = 8192, 96 x 128,
     /// docs/perf.md) and its f16 operands put it at ~3e-4 relative error, above the 1e-4
-    /// every KDA path is held to, so it runs only with `K31_KDA_COOP=1`.
+    /// every KDA path is held to, so it runs only with `K31_KDA_COOP=1`. The coop scan's 36 KB
+    /// of workgroup memory must also fit the adapter.
     pub fn available(gpu: &Gpu, geom: &KdaGeom) -> Vec<ChunkPath> {
-        let coop = gpu.caps.coopmat && gpu.caps.subgroups && geom.head_dim <= COOP_KMAX && geom.head_dim.is_multiple_of(COOP_BV);
+        let coop = gpu.caps.coopmat
+            && gpu.caps.subgroups
+            && geom.head_dim <= COOP_KMAX
+            && geom.head_dim.is_multiple_of(COOP_BV)
+            && gpu.pipelines.fits(gpu, &KDA_COOP_SCAN).unwrap_or(false);
         let prefer_coop = std::env::var("K31_KDA_COOP").is_ok_and(|v| v == "1");
         match (coop, prefer_coop) {
             (true, true) => vec![ChunkPath::Coop, ChunkPath::Simt],
@@ -612,7 +656,8 @@ pub fn chunk_prefill(
     chunk_prefill_with(gpu, enc, path, geom, pre, scratch, state, o, profiler)
 }
 
-/// [`chunk_prefill`] through the given kernel family.
+/// [`chunk_prefill`] through the given kernel family (the SIMT path's state pass by
+/// [`StateVariant::default_for`]).
 #[allow(clippy::too_many_arguments)]
 pub fn chunk_prefill_with(
     gpu: &Gpu,
@@ -628,7 +673,28 @@ pub fn chunk_prefill_with(
     if path == ChunkPath::Coop && !ChunkPath::available(gpu, geom).contains(&path) {
         return Err(GpuError::Shape(format!("kda prefill: no cooperative-matrix path on this adapter for K = {}", geom.head_dim)));
     }
-    chunk_prefill_inner(gpu, enc, path, geom, pre, scratch, state, o, true, profiler)
+    let sv = StateVariant::default_for(gpu, geom)?;
+    chunk_prefill_inner(gpu, enc, path, sv, geom, pre, scratch, state, o, true, profiler)
+}
+
+/// The SIMT prefill with a given state-pass kernel, whether or not the adapter reports room
+/// for its workgroup memory (tests run both on lavapipe, which reports 32 KiB and runs more).
+#[allow(clippy::too_many_arguments)]
+pub fn chunk_prefill_state(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    sv: StateVariant,
+    geom: &KdaGeom,
+    pre: &Prepped,
+    scratch: &ChunkScratch,
+    state: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    if !sv.supports(geom) {
+        return Err(GpuError::Shape(format!("kda prefill: state kernel {sv:?} needs K <= {STATE_KMAX}, got {}", geom.head_dim)));
+    }
+    chunk_prefill_inner(gpu, enc, ChunkPath::Simt, sv, geom, pre, scratch, state, o, true, profiler)
 }
 
 /// The intra-chunk part of `path` only (cumsum + intra: w, qg, kg, u and A_qk into
@@ -644,7 +710,7 @@ pub fn chunk_intra_only(
 ) -> Result<(), GpuError> {
     let dummy_state = gpu.storage("kda unused", (geom.heads * geom.head_dim * geom.head_dim * 4) as u64);
     let dummy_o = gpu.storage("kda unused", (pre.t_len * geom.proj() * 4) as u64);
-    chunk_prefill_inner(gpu, enc, path, geom, pre, scratch, &dummy_state, &dummy_o, false, None)
+    chunk_prefill_inner(gpu, enc, path, StateVariant::Narrow, geom, pre, scratch, &dummy_state, &dummy_o, false, None)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -652,6 +718,7 @@ fn chunk_prefill_inner(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
     path: ChunkPath,
+    sv: StateVariant,
     geom: &KdaGeom,
     pre: &Prepped,
     scratch: &ChunkScratch,
@@ -712,7 +779,7 @@ fn chunk_prefill_inner(
     }
     let hs = s.hs.as_ref().ok_or_else(|| GpuError::Shape("kda prefill: scratch made for the coop path has no chunk states".into()))?;
     let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, hs)];
-    let (state_kernel, cols) = if k <= STATE_KMAX { (&KDA_CHUNK_STATE, STATE_COLS) } else { (&KDA_CHUNK_STATE16, 16) };
+    let (state_kernel, cols) = sv.kernel();
     dispatch(gpu, enc, state_kernel, &uniform, &scan, geom.heads * k.div_ceil(cols), profiler.as_deref_mut())?;
     let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, hs)];
     dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(OUT_COLS), profiler)
