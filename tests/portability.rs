@@ -82,7 +82,7 @@ fn every_shader_validates_and_translates() {
 const MAX_WORKGROUP_BYTES: u32 = 48 * 1024;
 
 /// Kernels that ops fall back to on adapters with 32 KiB of workgroup memory (Metal, DX12).
-const PORTABLE_FALLBACKS: &[&str] = &["mla_attend", "kda_chunk_state16"];
+const PORTABLE_FALLBACKS: &[&str] = &["mla_attend", "kda_chunk_state16", "linear_bf16", "linear_f32", "linear_any_bf16", "linear_any_f32"];
 
 #[test]
 fn every_kernel_variant_specialises_and_translates() {
