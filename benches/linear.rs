@@ -104,6 +104,29 @@ fn main() -> anyhow::Result<()> {
     }
     let mut checks = Vec::new();
 
+    // Which k positions of a step reach the output: x one-hot in k (a layout or alignment
+    // fault in the staged tiles shows up as a set of k that fail).
+    {
+        let (rows, cols, tokens) = (128, 32, 128);
+        let w: Vec<f32> = pool(6, rows * cols).iter().map(|&v| half::bf16::from_f32(v).to_f32()).collect();
+        let wt = GpuTensor::upload(&gpu, "w", DType::BF16, &[rows, cols], &bf16_bytes(&w), None)?;
+        let yb = gpu.storage("y", (tokens * rows * 4) as u64);
+        for &v in &variants {
+            let mut bad = Vec::new();
+            for kk in 0..cols {
+                let x: Vec<f32> = (0..tokens * cols).map(|i| if i % cols == kk { 1.0 + (i / cols % 5) as f32 } else { 0.0 }).collect();
+                let xb = gpu.storage_from("x", &x);
+                run(&gpu, &wt, tokens, &xb, &yb, false, v)?;
+                let got: Vec<f32> = gpu.read(&yb, tokens * rows)?;
+                let (l2, _) = check(&w, &x, None, &got, rows, cols, &(0..tokens).collect::<Vec<_>>(), &(0..rows).collect::<Vec<_>>());
+                if !(l2 < 1e-5) {
+                    bad.push(format!("k{kk}:{l2:.1e}"));
+                }
+            }
+            println!("one-hot k check {v:?}: {}", if bad.is_empty() { "every k exact".to_string() } else { bad.join(" ") });
+        }
+    }
+
     // Whole outputs at awkward shapes: (rows, cols, tokens, rows per chunk, accumulate, x scale).
     let awkward: &[(usize, usize, usize, usize, bool, f32)] = &[
         (200, 136, 100, 64, true, 1.0),

@@ -9,8 +9,10 @@ use k31_engine::gpu::{Gpu, GpuTensor};
 use k31_engine::layout::DType;
 use k31_engine::ops::linear::{self, LinearVariant};
 
-/// Relative L2 error the SIMT kernels must meet (they measure ~1e-7: f32 accumulation).
+/// Relative L2 error the SIMT kernels must meet (they measure 1e-7 to 2e-6: f32 accumulation).
 const TOL: f64 = 1e-5;
+/// The coop kernel's bound (H200: ~2.4e-9 * cols, see linear::COOP_MAX_COLS).
+const COOP_TOL: f64 = 1e-4;
 
 fn bf16_round(v: &[f32]) -> Vec<f32> {
     v.iter().map(|&x| half::bf16::from_f32(x).to_f32()).collect()
@@ -150,7 +152,7 @@ fn coop_is_refused_or_exact() {
     for (i, &(rows, cols, tokens, chunk)) in SHAPES.iter().enumerate().filter(|(_, s)| s.1 % 8 == 0) {
         for x_scale in [1.0, 1e5] {
             let err = case(&gpu, LinearVariant::Coop, DType::BF16, rows, cols, tokens, chunk, true, x_scale, 50 + i as u64);
-            assert!(err <= TOL, "coop {rows}x{cols} T={tokens}: rel L2 {err:.2e}");
+            assert!(err <= COOP_TOL, "coop {rows}x{cols} T={tokens}: rel L2 {err:.2e}");
         }
     }
 }

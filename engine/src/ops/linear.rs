@@ -42,8 +42,14 @@ pub enum LinearVariant {
     Naive,
 }
 
+/// Widest input the coop kernel takes: its error grows linearly with cols (measured on the
+/// H200: relative L2 ~2.4e-9 * cols vs f64, 8e-5 at 33792), so past this it could exceed the
+/// 1e-4 the SIMT path is held to; wider layers run SIMT.
+pub const COOP_MAX_COLS: usize = 36864;
+
 /// The coop kernel needs 16x16x16 f16 cooperative matrices, 32-wide subgroups (8 per
-/// workgroup), bf16 weights (f32 weights would lose bits in f16) and 16-byte aligned rows.
+/// workgroup), bf16 weights (f32 weights would lose bits in f16), 16-byte aligned rows and
+/// at most [`COOP_MAX_COLS`] inputs.
 pub fn coop_available(gpu: &Gpu, w: &GpuTensor) -> bool {
     gpu.caps.coopmat
         && gpu.caps.subgroups
@@ -52,6 +58,7 @@ pub fn coop_available(gpu: &Gpu, w: &GpuTensor) -> bool {
         && w.dtype == DType::BF16
         && w.shape.len() == 2
         && w.shape[1].is_multiple_of(8)
+        && w.shape[1] <= COOP_MAX_COLS
 }
 
 /// [`linear`] for several matrices reading the same x; T = 1 runs them together through
@@ -134,7 +141,7 @@ pub fn linear_variant(
         LinearVariant::Auto => coop_available(gpu, w),
         LinearVariant::Coop if !coop_available(gpu, w) => {
             return Err(GpuError::Shape(format!(
-                "linear: no cooperative-matrix kernel for {} ({} [{rows}, {cols}]) on this adapter (needs coop, 32-wide subgroups, bf16, cols % 8 == 0)",
+                "linear: no cooperative-matrix kernel for {} ({} [{rows}, {cols}]) on this adapter (needs coop, 32-wide subgroups, bf16, cols % 8 == 0, cols <= {COOP_MAX_COLS})",
                 w.label,
                 w.dtype.name()
             )));
