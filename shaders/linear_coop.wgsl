@@ -29,7 +29,7 @@
 // 41-63 TFLOP/s, vs 34-51 for BK = 16 through two buffers); thread n = lid % 128,
 // h = lid / 128 fetches k h*KPT.. of W row n and of token n. Staged rows are 80 bytes apart
 // (32 f16 + 8 pad) so fragment loads hit distinct banks (at BK = 16, unpadded 32-byte rows
-// measured 15-25 % slower than padded 48-byte ones). The epilogue stores each fragment to
+// measured 2-14 % slower than padded 48-byte ones). The epilogue stores each fragment to
 // workgroup memory and applies 1/s, row_offset, y_stride, accumulate and the bounds.
 // Every workgroup variable is a multiple of 16 bytes, so the fragment pointers stay 16-byte
 // aligned whatever order the driver lays them out in (with three 4-byte flags among them the
