@@ -10,6 +10,7 @@ use k31_engine::bench::time_back_to_back;
 use k31_engine::gpu::{Gpu, GpuTensor};
 use k31_engine::layout::DType;
 use k31_engine::ops::linear::{self, LinearVariant};
+use k31_engine::wgpu;
 
 /// Deterministic values in [-1, 1) (splitmix64), filled on every core.
 fn pool(seed: u64, n: usize) -> Vec<f32> {
@@ -88,8 +89,6 @@ fn run(gpu: &Gpu, w: &GpuTensor, tokens: usize, x: &wgpu::Buffer, y: &wgpu::Buff
     Ok(())
 }
 
-use k31_engine::wgpu;
-
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
@@ -119,7 +118,7 @@ fn main() -> anyhow::Result<()> {
                 run(&gpu, &wt, tokens, &xb, &yb, false, v)?;
                 let got: Vec<f32> = gpu.read(&yb, tokens * rows)?;
                 let (l2, _) = check(&w, &x, None, &got, rows, cols, &(0..tokens).collect::<Vec<_>>(), &(0..rows).collect::<Vec<_>>());
-                if !(l2 < 1e-5) {
+                if l2.is_nan() || l2 >= 1e-5 {
                     bad.push(format!("k{kk}:{l2:.1e}"));
                 }
             }
