@@ -1,91 +1,60 @@
-// Batched linear layer for prefill: y[t, row_offset + r] = sum_c W[r, c] x[t, c] for one row
-// chunk of a bf16 W [rows, cols] (two per u32, element 2i low), x [tokens, cols] f32,
-// y [tokens, y_stride] f32. Tiles of 64 rows x 32 tokens, K in steps of 32 through
-// workgroup memory; each of the 128 threads computes 4 rows x 4 tokens.
-// Preconditions (host-checked): sizes as above.
+// Batched linear layer for prefill (T >= 2; one token goes through the GEMV), SIMT: the default
+// where cooperative matrices are absent (linear_coop.wgsl is the tensor-core twin).
+//   y[t, row_offset + r] (+)= sum_c W[r, c] x[t, c]
+// for one row chunk of W [rows, cols], bf16 (two per u32, element 2i low) or f32 (W_F32),
+// x [tokens, cols] f32, y [tokens, y_stride] f32. This file reads W and x in 16-byte loads:
+// the host runs it only where cols is a multiple of 8 (bf16) or 4 (f32), so a row starts on
+// a 16-byte boundary and 8 consecutive k are all within cols or all past it (linear_any.wgsl
+// takes any cols). Tiling: lib/linear_simt.wgsl.
 
-struct LinearParams {
-    rows: u32,
-    cols: u32,
-    tokens: u32,
-    row_offset: u32,
-    y_stride: u32,
-    accumulate: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: LinearParams;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
-@group(0) @binding(2) var<storage, read> x: array<f32>;
+#include "lib/linear_params.wgsl"
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 #include "lib/store_y.wgsl"
-
-const BR: u32 = 64u;
-const BT: u32 = 32u;
-const BK: u32 = 32u;
-var<workgroup> wt: array<f32, 2080>; // [BK, BR + 1]
-var<workgroup> xt: array<f32, 1056>; // [BK, BT + 1]
 
 // f32 weights (small f32 tensors such as a router gate saved in f32) share the u32 binding.
 override W_F32: bool = false;
 
-fn w_at(i: u32) -> f32 {
-    if (W_F32) {
-        return bitcast<f32>(w[i]);
-    }
-    let word = w[i >> 1u];
-    return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
+fn bf_lo(v: u32) -> f32 {
+    return bitcast<f32>(v << 16u);
 }
 
-@compute @workgroup_size(128)
-fn linear_bf16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let r0 = wg.x * BR;
-    let t0 = wg.y * BT;
-    let tr = (lid % 16u) * 4u;
-    let tt = (lid / 16u) * 4u;
-    var acc: array<f32, 16>;
-    for (var k0 = 0u; k0 < p.cols; k0 += BK) {
-        // 64 x 32 weights and 32 x 32 activations: 16 + 8 elements per thread.
-        for (var q = 0u; q < 16u; q++) {
-            let e = lid + q * 128u;
-            let r = e / BK;
-            let k = e % BK;
-            var v = 0.0;
-            if (r0 + r < p.rows && k0 + k < p.cols) {
-                v = w_at((r0 + r) * p.cols + k0 + k);
-            }
-            wt[k * (BR + 1u) + r] = v;
-        }
-        for (var q = 0u; q < 8u; q++) {
-            let e = lid + q * 128u;
-            let t = e / BK;
-            let k = e % BK;
-            var v = 0.0;
-            if (t0 + t < p.tokens && k0 + k < p.cols) {
-                v = x[(t0 + t) * p.cols + k0 + k];
-            }
-            xt[k * (BT + 1u) + t] = v;
-        }
-        workgroupBarrier();
-        for (var k = 0u; k < BK; k++) {
-            let a = vec4<f32>(wt[k * (BR + 1u) + tr], wt[k * (BR + 1u) + tr + 1u], wt[k * (BR + 1u) + tr + 2u], wt[k * (BR + 1u) + tr + 3u]);
-            let b = vec4<f32>(xt[k * (BT + 1u) + tt], xt[k * (BT + 1u) + tt + 1u], xt[k * (BT + 1u) + tt + 2u], xt[k * (BT + 1u) + tt + 3u]);
-            for (var i = 0u; i < 4u; i++) {
-                for (var j = 0u; j < 4u; j++) {
-                    acc[i * 4u + j] += a[i] * b[j];
-                }
-            }
-        }
-        workgroupBarrier();
-    }
-    for (var i = 0u; i < 4u; i++) {
-        for (var j = 0u; j < 4u; j++) {
-            let r = r0 + tr + i;
-            let t = t0 + tt + j;
-            if (r < p.rows && t < p.tokens) {
-                store_y(t * p.y_stride + p.row_offset + r, acc[i * 4u + j]);
-            }
-        }
-    }
+fn bf_hi(v: u32) -> f32 {
+    return bitcast<f32>(v & 0xffff0000u);
 }
+
+// W[row, k..k+8]; k is a multiple of 8 (and of 4 for the f32 halves).
+fn fetch_w(row: u32, k: u32) -> Slab {
+    var s = Slab();
+    if (k >= p.cols) {
+        return s;
+    }
+    if (W_F32) {
+        let i = (row * p.cols + k) / 4u;
+        s.a = bitcast<vec4<f32>>(w[i]);
+        if (k + 4u < p.cols) {
+            s.b = bitcast<vec4<f32>>(w[i + 1u]);
+        }
+        return s;
+    }
+    let v = w[(row * p.cols + k) / 8u];
+    s.a = vec4<f32>(bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y));
+    s.b = vec4<f32>(bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w));
+    return s;
+}
+
+fn fetch_x(t: u32, k: u32) -> Slab {
+    var s = Slab();
+    if (k >= p.cols) {
+        return s;
+    }
+    let i = (t * p.cols + k) / 4u;
+    s.a = x[i];
+    if (k + 4u < p.cols) {
+        s.b = x[i + 1u];
+    }
+    return s;
+}
+
+#include "lib/linear_simt.wgsl"

@@ -82,8 +82,18 @@ fn every_shader_validates_and_translates() {
 const MAX_WORKGROUP_BYTES: u32 = 48 * 1024;
 
 /// Kernels that run on adapters with 32 KiB of workgroup memory (Metal, DX12): the ones ops
-/// fall back to there, and the KDA prefill kernels that have no larger variant.
-const PORTABLE_FALLBACKS: &[&str] = &["mla_attend", "kda_chunk_state16", "kda_chunk_intra", "kda_chunk_intra_h", "kda_chunk_out"];
+/// fall back to there, and the ones that have no larger variant.
+const PORTABLE_FALLBACKS: &[&str] = &[
+    "mla_attend",
+    "kda_chunk_state16",
+    "kda_chunk_intra",
+    "kda_chunk_intra_h",
+    "kda_chunk_out",
+    "linear_bf16",
+    "linear_f32",
+    "linear_any_bf16",
+    "linear_any_f32",
+];
 
 #[test]
 fn every_kernel_variant_specialises_and_translates() {
