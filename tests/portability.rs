@@ -81,8 +81,17 @@ fn every_shader_validates_and_translates() {
 /// lavapipe enforce the 32 KiB it reports.
 const MAX_WORKGROUP_BYTES: u32 = 48 * 1024;
 
-/// Kernels that ops fall back to on adapters with 32 KiB of workgroup memory (Metal, DX12).
-const PORTABLE_FALLBACKS: &[&str] = &["mla_attend", "kda_chunk_state16"];
+/// Kernels that ops fall back to on adapters with 32 KiB of workgroup memory (Metal, DX12),
+/// and the grouped-expert SIMT kernels, the default wherever cooperative matrices are absent.
+const PORTABLE_FALLBACKS: &[&str] = &[
+    "mla_attend",
+    "kda_chunk_state16",
+    "moe_tiles",
+    "expert_up_tiled_mxfp4",
+    "expert_down_tiled_mxfp4",
+    "expert_up_tiled_bf16",
+    "expert_down_tiled_bf16",
+];
 
 #[test]
 fn every_kernel_variant_specialises_and_translates() {
