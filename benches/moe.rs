@@ -3,7 +3,7 @@
 //! real 3584 x 3072 experts (decode: gate/up + down, routing read from GPU memory), and
 //! 256- and 2048-token prefill MoE chunks (grouped by expert on the GPU) with every grouped
 //! kernel variant the adapter runs, each checked against an f64 CPU reference on sampled tokens.
-//! Run: `cargo bench --bench moe [-- --quick] [--experts-only | --prefill-only] [--json FILE]`.
+//! Run: `cargo bench --bench moe [-- --quick] [--experts-only | --prefill-only [--skip-old]] [--json FILE]`.
 
 use k31_engine::bench::{time_back_to_back, breakdown, copy_bandwidth, time_gpu, Row};
 use k31_engine::config::{Activation, ExpertFormat};
@@ -21,6 +21,8 @@ fn main() -> anyhow::Result<()> {
     let experts_only = args.iter().any(|a| a == "--experts-only");
     // --prefill-only: just the grouped (prefill) expert kernels.
     let prefill_only = args.iter().any(|a| a == "--prefill-only");
+    // --skip-old: leave out the first grouped kernels (seconds per 2048-token chunk).
+    let skip_old = args.iter().any(|a| a == "--skip-old");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}", gpu.describe());
     let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
@@ -165,7 +167,10 @@ fn main() -> anyhow::Result<()> {
             let want = prefill_reference(&planes, act, n_in, n_mid, top_k, &sample, &z, &idx, &wts);
             let flops = (t * top_k * 3 * n_in * n_mid * 2) as f64;
             let mut tiled_out: Option<Vec<f32>> = None;
-            for &g in moe::GROUPED_VARIANTS.iter().filter(|&&g| moe::grouped_supported(&gpu, &store.layout, g)) {
+            for &g in moe::GROUPED_VARIANTS
+                .iter()
+                .filter(|&&g| moe::grouped_supported(&gpu, &store.layout, g) && !(skip_old && g == moe::GroupedKernels::Old))
+            {
                 // The old kernels take seconds per 2048-token chunk: fewer repetitions.
                 let reps = if g == moe::GroupedKernels::Old && t > 256 { 1 } else { 3 };
                 let parts = breakdown(&gpu, reps, |enc, prof| moe::experts_grouped_with(&gpu, enc, &store, &call, Some(g), &zb, &ib, &wb, &scratch, &y, prof))?;

@@ -59,16 +59,22 @@ const DOWN_BF: &[(&str, f64)] = &[("UP", 0.0), ("MXFP4", 0.0)];
 const UP: &[(&str, f64)] = &[("UP", 1.0)];
 const DOWN: &[(&str, f64)] = &[("UP", 0.0)];
 /// SIMT tiled grouped kernels (every adapter): 64 routed pairs x 128 weight rows per workgroup.
-pub const EXPERT_UP_TILED_MXFP4: Kernel = Kernel::new("expert_up_tiled_mxfp4", "moe_grouped", "expert_tiled").with_constants(UP_MX);
+/// (Unchecked: every index is guarded against the host-checked extents; the tests cover the
+/// tile edges.)
+pub const EXPERT_UP_TILED_MXFP4: Kernel =
+    Kernel::new("expert_up_tiled_mxfp4", "moe_grouped", "expert_tiled").with_constants(UP_MX).unchecked();
 pub const EXPERT_DOWN_TILED_MXFP4: Kernel =
-    Kernel::new("expert_down_tiled_mxfp4", "moe_grouped", "expert_tiled").with_constants(DOWN_MX);
-pub const EXPERT_UP_TILED_BF16: Kernel = Kernel::new("expert_up_tiled_bf16", "moe_grouped", "expert_tiled").with_constants(UP_BF);
-pub const EXPERT_DOWN_TILED_BF16: Kernel = Kernel::new("expert_down_tiled_bf16", "moe_grouped", "expert_tiled").with_constants(DOWN_BF);
-/// Cooperative-matrix grouped kernels (moe_coop.wgsl), MXFP4 only, 32-wide subgroups.
+    Kernel::new("expert_down_tiled_mxfp4", "moe_grouped", "expert_tiled").with_constants(DOWN_MX).unchecked();
+pub const EXPERT_UP_TILED_BF16: Kernel =
+    Kernel::new("expert_up_tiled_bf16", "moe_grouped", "expert_tiled").with_constants(UP_BF).unchecked();
+pub const EXPERT_DOWN_TILED_BF16: Kernel =
+    Kernel::new("expert_down_tiled_bf16", "moe_grouped", "expert_tiled").with_constants(DOWN_BF).unchecked();
+/// Cooperative-matrix grouped kernels (moe_coop.wgsl), MXFP4 only, 32-wide subgroups; the same
+/// indexing as the tiled kernels (checked against the f64 reference in the moe bench).
 pub const EXPERT_UP_COOP_MXFP4: Kernel =
-    Kernel::new("expert_up_coop_mxfp4", "moe_coop", "expert_coop").with_constants(UP).coopmat().subgroups();
+    Kernel::new("expert_up_coop_mxfp4", "moe_coop", "expert_coop").with_constants(UP).coopmat().subgroups().unchecked();
 pub const EXPERT_DOWN_COOP_MXFP4: Kernel =
-    Kernel::new("expert_down_coop_mxfp4", "moe_coop", "expert_coop").with_constants(DOWN).coopmat().subgroups();
+    Kernel::new("expert_down_coop_mxfp4", "moe_coop", "expert_coop").with_constants(DOWN).coopmat().subgroups().unchecked();
 /// Power-of-two activation scales per row for the coop kernels: z rows (stage 1), h rows (stage 2).
 pub const MOE_ROW_SCALE_Z: Kernel = Kernel::new("moe_row_scale_z", "moe_coop", "moe_row_scale").with_constants(UP).coopmat();
 pub const MOE_ROW_SCALE_H: Kernel = Kernel::new("moe_row_scale_h", "moe_coop", "moe_row_scale").with_constants(DOWN).coopmat();
