@@ -1,8 +1,9 @@
 //! MoE benchmarks on the benchmark GPU, next to the copy bandwidth measured in the same run:
 //! bf16 GEMV at the K3.1 shapes (every fast-path variant), MXFP4 top-16 expert GEMV of the
-//! real 3584 x 3072 experts (decode: gate/up + down, routing read from GPU memory), and a
-//! 2048-token prefill MoE chunk (grouped by expert on the GPU).
-//! Run: `cargo bench --bench moe [-- --quick] [--experts-only] [--json FILE]`.
+//! real 3584 x 3072 experts (decode: gate/up + down, routing read from GPU memory), and
+//! 256- and 2048-token prefill MoE chunks (grouped by expert on the GPU) with every grouped
+//! kernel variant the adapter runs, each checked against an f64 CPU reference on sampled tokens.
+//! Run: `cargo bench --bench moe [-- --quick] [--experts-only | --prefill-only [--skip-old]] [--json FILE]`.
 
 use k31_engine::bench::{time_back_to_back, breakdown, copy_bandwidth, time_gpu, Row};
 use k31_engine::config::{Activation, ExpertFormat};
@@ -10,6 +11,7 @@ use k31_engine::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use k31_engine::gpu::{Gpu, GpuTensor};
 use k31_engine::layout::DType;
 use k31_engine::ops::{gemv, moe};
+use k31_engine::reference;
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
@@ -17,6 +19,10 @@ fn main() -> anyhow::Result<()> {
     let quick = args.iter().any(|a| a == "--quick");
     // --experts-only: just the MXFP4 decode variants (kernel experiments).
     let experts_only = args.iter().any(|a| a == "--experts-only");
+    // --prefill-only: just the grouped (prefill) expert kernels.
+    let prefill_only = args.iter().any(|a| a == "--prefill-only");
+    // --skip-old: leave out the first grouped kernels (seconds per 2048-token chunk).
+    let skip_old = args.iter().any(|a| a == "--skip-old");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}", gpu.describe());
     let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
@@ -24,7 +30,7 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
 
     // bf16 GEMV at K3.1 shapes, each fast-path variant.
-    let shapes: &[(&str, usize, usize)] = if experts_only {
+    let shapes: &[(&str, usize, usize)] = if experts_only || prefill_only {
         &[]
     } else if quick {
         &[("1024x1024", 1024, 1024)]
@@ -68,15 +74,30 @@ fn main() -> anyhow::Result<()> {
     let resident = if quick { 8 } else { 64 };
     let layout = SlotLayout::new(ExpertFormat::Mxfp4, n_in, n_mid)?;
     let mut store = ExpertStore::new(&gpu, layout, 1, resident, resident)?;
-    let packed: Vec<u8> = (0..n_mid * n_in / 2).map(|i| (i * 37 % 251) as u8).collect();
-    let scales: Vec<u8> = (0..n_mid * n_in / 32).map(|i| 120 + (i % 5) as u8).collect();
-    for e in 0..resident {
-        store.fill(&gpu, 0, e, &ExpertWeights::Mxfp4 { w1: (&packed, &scales), w3: (&packed, &scales), w2: (&packed, &scales) })?;
+    // Distinct pseudo-random experts (w1, w3, w2 each): scales 2^-9 .. 2^-1, one group in 64 at
+    // 2^-27 (a row range the coop kernels' reference exponent must hold exactly).
+    let planes: Vec<[(Vec<u8>, Vec<u8>); 3]> = (0..resident)
+        .map(|e| {
+            std::array::from_fn(|m| {
+                let seed = (e * 3 + m) as u64 + 1;
+                let packed: Vec<u8> = (0..n_mid * n_in / 2).map(|i| (mix(seed, i as u64) >> 56) as u8).collect();
+                let scales: Vec<u8> = (0..n_mid * n_in / 32)
+                    .map(|i| {
+                        let h = mix(seed + 1000, i as u64) >> 32;
+                        if h % 64 == 0 { 100 } else { 118 + (h % 9) as u8 }
+                    })
+                    .collect();
+                (packed, scales)
+            })
+        })
+        .collect();
+    for (e, [w1, w3, w2]) in planes.iter().enumerate() {
+        store.fill(&gpu, 0, e, &ExpertWeights::Mxfp4 { w1: (&w1.0, &w1.1), w3: (&w3.0, &w3.1), w2: (&w2.0, &w2.1) })?;
     }
     let act = Activation::Situ { beta: 4.0, linear_beta: Some(25.0) };
     // Weight bytes one token reads: 3 matrices of packed nibbles + scales per selected expert.
     let expert_bytes = 3 * (n_mid * n_in / 2 + n_mid * n_in / 32);
-    {
+    if !prefill_only {
         let z: Vec<f32> = (0..n_in).map(|i| 0.25 + ((i * 13 % 17) as f32 - 8.0) * 0.01).collect();
         let z = gpu.storage_from("z", &z);
         // Selected experts spread over the pool (every 4th), weights from GPU memory.
@@ -123,31 +144,130 @@ fn main() -> anyhow::Result<()> {
         rows.push(expert_row("decode, default, back to back", t));
     }
 
-    // Prefill chunk: T tokens, top_k of the resident experts each, grouped on the GPU.
+    // Prefill chunks: T tokens, top_k of the resident experts each, grouped on the GPU; every
+    // grouped variant, checked against the f64 reference on sampled tokens and against the
+    // tiled SIMT kernel's output in the same process.
     if !experts_only {
-        let t = if quick { 64 } else { 2048 };
-        let z = gpu.storage_from("z", &vec![0.25f32; t * n_in]);
-        let idx: Vec<u32> = (0..t).flat_map(|r| (0..top_k).map(move |j| ((r * 7 + j * 3) % resident) as u32)).collect();
-        // Distinct per token: stride 3 over a pool with gcd(3, resident) = 1 stays distinct for top_k <= resident.
-        let idx = gpu.storage_from("idx", &idx);
-        let wts = gpu.storage_from("wts", &vec![1.0f32 / top_k as f32; t * top_k]);
-        let y = gpu.storage("y", (t * n_in * 4) as u64);
-        let scratch = moe::GroupedScratch::new(&gpu, &store, t, top_k);
-        let call = moe::ExpertCall { layer: 0, tokens: t, top_k, act, accumulate: false };
-        let secs = time_gpu(&gpu, 2, 5, |enc, prof| moe::experts_grouped(&gpu, enc, &store, &call, &z, &idx, &wts, &scratch, &y, prof))?;
-        let flops = (t * top_k * 3 * n_in * n_mid * 2) as f64;
-        let row = Row {
-            name: format!("mxfp4 prefill {t} tokens top-{top_k} of {resident} experts"),
-            time_us: secs * 1e6,
-            rate: flops / secs / 1e12,
-            ceiling: 150.0,
-            unit: "TFLOP/s",
-        };
-        row.print();
-        rows.push(row);
+        let chunks: &[usize] = if quick { &[64, 200] } else { &[256, 2048] };
+        for &t in chunks {
+            // Tokens of varied magnitude (2^-3 .. 2^3 by token) so per-row scales matter.
+            let z: Vec<f32> = (0..t * n_in)
+                .map(|i| ((mix(7, i as u64) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * 2f32.powi((i / n_in) as i32 % 7 - 3))
+                .collect();
+            // Distinct per token: stride 3 over a pool with gcd(3, resident) = 1 stays distinct for top_k <= resident.
+            let idx: Vec<u32> = (0..t).flat_map(|r| (0..top_k).map(move |j| ((r * 7 + j * 3) % resident) as u32)).collect();
+            let wts: Vec<f32> = (0..t * top_k).map(|i| 0.5 + (mix(9, i as u64) >> 40) as f32 / (1u64 << 24) as f32).collect();
+            let zb = gpu.storage_from("z", &z);
+            let ib = gpu.storage_from("idx", &idx);
+            let wb = gpu.storage_from("wts", &wts);
+            let y = gpu.storage("y", (t * n_in * 4) as u64);
+            let scratch = moe::GroupedScratch::new(&gpu, &store, t, top_k);
+            let call = moe::ExpertCall { layer: 0, tokens: t, top_k, act, accumulate: false };
+            let sample: Vec<usize> = (0..16.min(t)).map(|i| i * t / 16.min(t)).collect();
+            let want = prefill_reference(&planes, act, n_in, n_mid, top_k, &sample, &z, &idx, &wts);
+            let flops = (t * top_k * 3 * n_in * n_mid * 2) as f64;
+            let mut tiled_out: Option<Vec<f32>> = None;
+            for &g in moe::GROUPED_VARIANTS
+                .iter()
+                .filter(|&&g| moe::grouped_supported(&gpu, &store.layout, g) && !(skip_old && g == moe::GroupedKernels::Old))
+            {
+                // The old kernels take seconds per 2048-token chunk: fewer repetitions.
+                let reps = if g == moe::GroupedKernels::Old && t > 256 { 1 } else { 3 };
+                let parts = breakdown(&gpu, reps, |enc, prof| moe::experts_grouped_with(&gpu, enc, &store, &call, Some(g), &zb, &ib, &wb, &scratch, &y, prof))?;
+                let secs: f64 = parts.iter().map(|(_, s)| s).sum();
+                let got: Vec<f32> = gpu.read(&y, t * n_in)?;
+                let sampled: Vec<f32> = sample.iter().flat_map(|&r| got[r * n_in..(r + 1) * n_in].iter().copied()).collect();
+                let err = rel_l2(&sampled, &want);
+                let vs_tiled = tiled_out.as_ref().map(|w| rel_l2(&got, w));
+                if g == moe::GroupedKernels::Tiled {
+                    tiled_out = Some(got);
+                }
+                let row = Row {
+                    name: format!("mxfp4 prefill {t} tok top-{top_k}/{resident} {}", g.name()),
+                    time_us: secs * 1e6,
+                    rate: flops / secs.max(1e-12) / 1e12,
+                    ceiling: 150.0,
+                    unit: "TFLOP/s",
+                };
+                row.print();
+                rows.push(row);
+                match vs_tiled {
+                    Some(v) => println!("    rel L2 vs f64 reference ({} tokens): {err:.2e}; vs tiled simt: {v:.2e}", sample.len()),
+                    None => println!("    rel L2 vs f64 reference ({} tokens): {err:.2e}", sample.len()),
+                }
+                for (label, s) in parts {
+                    println!("    {label:<40} {:>11.2} us", s * 1e6);
+                }
+            }
+        }
     }
     if let Some(path) = json_out {
         std::fs::write(&path, serde_json::to_string_pretty(&serde_json::json!({"gpu": gpu.describe(), "copy_gbs": copy, "rows": rows}))?)?;
     }
     Ok(())
+}
+
+/// A 64-bit mix of (seed, i): the bench's deterministic pseudo-random data.
+fn mix(seed: u64, i: u64) -> u64 {
+    let mut h = (i ^ seed.wrapping_mul(0xD1B5_4A32_D192_ED03)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    h ^= h >> 29;
+    h.wrapping_mul(0xBF58_476D_1CE4_E5B9) ^ (h >> 32)
+}
+
+fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
+    let num: f64 = got.iter().zip(want).map(|(&a, &b)| (a as f64 - b as f64).powi(2)).sum();
+    let den: f64 = want.iter().map(|&b| (b as f64).powi(2)).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// y of the `sample` tokens in f64 from the exactly dequantised experts, one thread per
+/// group of experts (each expert dequantised once for the sampled tokens routed to it).
+#[allow(clippy::too_many_arguments)]
+fn prefill_reference(
+    planes: &[[(Vec<u8>, Vec<u8>); 3]],
+    act: Activation,
+    n_in: usize,
+    n_mid: usize,
+    top_k: usize,
+    sample: &[usize],
+    z: &[f32],
+    idx: &[u32],
+    wts: &[f32],
+) -> Vec<f32> {
+    let threads = std::thread::available_parallelism().map_or(4, |n| n.get()).min(planes.len());
+    let dot = |w: &[f32], x: &[f32]| w.iter().zip(x).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>();
+    let partials: Vec<Vec<f64>> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads)
+            .map(|th| {
+                sc.spawn(move || {
+                    let mut acc = vec![0f64; sample.len() * n_in];
+                    for (e, [p1, p3, p2]) in planes.iter().enumerate().skip(th).step_by(threads) {
+                        let users: Vec<(usize, f64)> = sample
+                            .iter()
+                            .enumerate()
+                            .flat_map(|(si, &r)| (0..top_k).filter(move |&j| idx[r * top_k + j] as usize == e).map(move |j| (si, wts[r * top_k + j] as f64)))
+                            .collect();
+                        if users.is_empty() {
+                            continue;
+                        }
+                        let w1 = reference::numerics::dequant_mxfp4(&p1.0, &p1.1, n_mid, n_in);
+                        let w3 = reference::numerics::dequant_mxfp4(&p3.0, &p3.1, n_mid, n_in);
+                        let w2 = reference::numerics::dequant_mxfp4(&p2.0, &p2.1, n_in, n_mid);
+                        for (si, wt) in users {
+                            let zr = &z[sample[si] * n_in..(sample[si] + 1) * n_in];
+                            let h: Vec<f64> = (0..n_mid)
+                                .map(|m| reference::moe::glu(act, dot(&w1[m * n_in..(m + 1) * n_in], zr), dot(&w3[m * n_in..(m + 1) * n_in], zr)))
+                                .collect();
+                            for o in 0..n_in {
+                                acc[si * n_in + o] += wt * w2[o * n_mid..(o + 1) * n_mid].iter().zip(&h).map(|(&a, &b)| a as f64 * b).sum::<f64>();
+                            }
+                        }
+                    }
+                    acc
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("reference thread")).collect()
+    });
+    (0..sample.len() * n_in).map(|i| partials.iter().map(|p| p[i]).sum::<f64>() as f32).collect()
 }

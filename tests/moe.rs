@@ -188,6 +188,33 @@ fn latent_moe_matches_golden_decode_and_grouped() {
     assert!(rel_l2(&out, want_y) < 1e-4);
 }
 
+/// A one-layer store of `e` random experts (MXFP4 with scales 2^-9..2^-1, or bf16) and
+/// their dense f32 twins for the CPU reference.
+fn random_experts(gpu: &Gpu, format: ExpertFormat, n_in: usize, n_mid: usize, e: usize) -> (ExpertStore, Vec<reference::moe::DenseExpert>) {
+    let layout = SlotLayout::new(format, n_in, n_mid).unwrap();
+    let mut store = ExpertStore::new(gpu, layout, 1, e, e).unwrap();
+    let mut dense = Vec::new();
+    for ex in 0..e {
+        let seed = 100 + ex as u64;
+        match format {
+            ExpertFormat::Mxfp4 => {
+                let mk = |s: u64, rows: usize, cols: usize| (random_bytes(s, rows * cols / 2, 0, 255), random_bytes(s + 7, rows * cols / 32, 118, 126));
+                let (w1, w3, w2) = (mk(seed, n_mid, n_in), mk(seed + 20, n_mid, n_in), mk(seed + 40, n_in, n_mid));
+                store.fill(gpu, 0, ex, &ExpertWeights::Mxfp4 { w1: (&w1.0, &w1.1), w3: (&w3.0, &w3.1), w2: (&w2.0, &w2.1) }).unwrap();
+                let dq = |p: &(Vec<u8>, Vec<u8>), r, c| reference::numerics::dequant_mxfp4(&p.0, &p.1, r, c);
+                dense.push(reference::moe::DenseExpert { w1: dq(&w1, n_mid, n_in), w3: dq(&w3, n_mid, n_in), w2: dq(&w2, n_in, n_mid) });
+            }
+            ExpertFormat::Bf16 => {
+                let mk = |s: u64, n: usize| bf16_round(&support::random_vec(s, n).iter().map(|v| v * 0.3).collect::<Vec<_>>());
+                let (w1, w3, w2) = (mk(seed, n_mid * n_in), mk(seed + 20, n_mid * n_in), mk(seed + 40, n_in * n_mid));
+                store.fill(gpu, 0, ex, &ExpertWeights::Bf16 { w1: &bf16_bytes(&w1), w3: &bf16_bytes(&w3), w2: &bf16_bytes(&w2) }).unwrap();
+                dense.push(reference::moe::DenseExpert { w1, w3, w2 });
+            }
+        }
+    }
+    (store, dense)
+}
+
 /// Random experts (MXFP4 SiTU and bf16 SiLU) at awkward token counts, decode and grouped
 /// paths vs the CPU reference; many tokens on one expert cross the 16-token tiles.
 #[test]
@@ -198,27 +225,7 @@ fn experts_match_reference_at_awkward_shapes() {
         (ExpertFormat::Mxfp4, SITU, 96, 32, 3, 3, 37),
         (ExpertFormat::Bf16, Activation::Silu, 40, 24, 4, 2, 19),
     ] {
-        let layout = SlotLayout::new(format, n_in, n_mid).unwrap();
-        let mut store = ExpertStore::new(&gpu, layout, 1, e, e).unwrap();
-        let mut dense = Vec::new();
-        for ex in 0..e {
-            let seed = 100 + ex as u64;
-            match format {
-                ExpertFormat::Mxfp4 => {
-                    let mk = |s: u64, rows: usize, cols: usize| (random_bytes(s, rows * cols / 2, 0, 255), random_bytes(s + 7, rows * cols / 32, 118, 126));
-                    let (w1, w3, w2) = (mk(seed, n_mid, n_in), mk(seed + 20, n_mid, n_in), mk(seed + 40, n_in, n_mid));
-                    store.fill(&gpu, 0, ex, &ExpertWeights::Mxfp4 { w1: (&w1.0, &w1.1), w3: (&w3.0, &w3.1), w2: (&w2.0, &w2.1) }).unwrap();
-                    let dq = |p: &(Vec<u8>, Vec<u8>), r, c| reference::numerics::dequant_mxfp4(&p.0, &p.1, r, c);
-                    dense.push(reference::moe::DenseExpert { w1: dq(&w1, n_mid, n_in), w3: dq(&w3, n_mid, n_in), w2: dq(&w2, n_in, n_mid) });
-                }
-                ExpertFormat::Bf16 => {
-                    let mk = |s: u64, n: usize| bf16_round(&support::random_vec(s, n).iter().map(|v| v * 0.3).collect::<Vec<_>>());
-                    let (w1, w3, w2) = (mk(seed, n_mid * n_in), mk(seed + 20, n_mid * n_in), mk(seed + 40, n_in * n_mid));
-                    store.fill(&gpu, 0, ex, &ExpertWeights::Bf16 { w1: &bf16_bytes(&w1), w3: &bf16_bytes(&w3), w2: &bf16_bytes(&w2) }).unwrap();
-                    dense.push(reference::moe::DenseExpert { w1, w3, w2 });
-                }
-            }
-        }
+        let (store, dense) = random_experts(&gpu, format, n_in, n_mid, e);
         let z = support::random_vec(7, t * n_in);
         // Token r picks experts (r % 2, then rotating ones): expert 0 gets about half the tokens.
         let mut idx = Vec::new();
@@ -236,7 +243,9 @@ fn experts_match_reference_at_awkward_shapes() {
         let wts: Vec<f32> = support::random_vec(8, t * k).iter().map(|v| v.abs() + 0.1).collect();
         let (zb, ib, wb) = (gpu.storage_from("z", &z), gpu.storage_from("idx", &idx), gpu.storage_from("wts", &wts));
         let h = gpu.storage("h", (t * k * n_mid * 4) as u64);
-        let y2 = gpu.storage("y2", (t * n_in * 4) as u64);
+        let grouped: Vec<moe::GroupedKernels> =
+            moe::GROUPED_VARIANTS.iter().copied().filter(|&g| moe::grouped_supported(&gpu, &store.layout, g)).collect();
+        let y2s: Vec<_> = grouped.iter().map(|_| gpu.storage("y2", (t * n_in * 4) as u64)).collect();
         let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act, accumulate: false };
         let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
         // Every decode variant the adapter runs (the bf16 store ignores the choice), and the default.
@@ -247,7 +256,9 @@ fn experts_match_reference_at_awkward_shapes() {
             for (v, y) in variants.iter().zip(&ys) {
                 moe::experts_decode(&gpu, enc, &store, &call, *v, &zb, &ib, &wb, &h, y, None).unwrap();
             }
-            moe::experts_grouped(&gpu, enc, &store, &call, &zb, &ib, &wb, &scratch, &y2, None).unwrap();
+            for (g, y2) in grouped.iter().zip(&y2s) {
+                moe::experts_grouped_with(&gpu, enc, &store, &call, Some(*g), &zb, &ib, &wb, &scratch, y2, None).unwrap();
+            }
         });
         let mut want = Vec::new();
         for r in 0..t {
@@ -259,28 +270,33 @@ fn experts_match_reference_at_awkward_shapes() {
             eprintln!("{format:?} t={t}: decode {name}: {e:.2e}");
             assert!(e < 1e-5, "{format:?} t={t}: decode {name}: {e}");
         }
-        let e1 = rel_l2(&gpu.read::<f32>(&ys[0], t * n_in).unwrap(), &want);
-        let e2 = rel_l2(&gpu.read::<f32>(&y2, t * n_in).unwrap(), &want);
-        eprintln!("{format:?} t={t}: decode {e1:.2e}, grouped {e2:.2e}");
-        assert!(e1 < 1e-5 && e2 < 1e-5, "{format:?} t={t}: decode {e1}, grouped {e2}");
+        for (g, y2) in grouped.iter().zip(&y2s) {
+            let e2 = rel_l2(&gpu.read::<f32>(y2, t * n_in).unwrap(), &want);
+            eprintln!("{format:?} t={t}: grouped {}: {e2:.2e}", g.name());
+            assert!(e2 < 1e-5, "{format:?} t={t}: grouped {}: {e2}", g.name());
+        }
         // Accumulating into a residual: every decode variant and the grouped path add to y.
         let base = support::random_vec(11, t * n_in);
         let acc_call = moe::ExpertCall { accumulate: true, ..call };
         let acc_ys: Vec<_> = variants.iter().map(|_| gpu.storage_from("y base", &base)).collect();
-        let acc_y2 = gpu.storage_from("y2 base", &base);
+        let acc_y2s: Vec<_> = grouped.iter().map(|_| gpu.storage_from("y2 base", &base)).collect();
         run(&gpu, |enc| {
             for (v, y) in variants.iter().zip(&acc_ys) {
                 moe::experts_decode(&gpu, enc, &store, &acc_call, *v, &zb, &ib, &wb, &h, y, None).unwrap();
             }
-            moe::experts_grouped(&gpu, enc, &store, &acc_call, &zb, &ib, &wb, &scratch, &acc_y2, None).unwrap();
+            for (g, y2) in grouped.iter().zip(&acc_y2s) {
+                moe::experts_grouped_with(&gpu, enc, &store, &acc_call, Some(*g), &zb, &ib, &wb, &scratch, y2, None).unwrap();
+            }
         });
         let want_acc: Vec<f32> = want.iter().zip(&base).map(|(a, b)| a + b).collect();
         for (v, y) in variants.iter().zip(&acc_ys) {
             let e = rel_l2(&gpu.read::<f32>(y, t * n_in).unwrap(), &want_acc);
             assert!(e < 1e-5, "{format:?} t={t}: accumulating decode {}: {e}", v.map_or("default", |v| v.name));
         }
-        let e = rel_l2(&gpu.read::<f32>(&acc_y2, t * n_in).unwrap(), &want_acc);
-        assert!(e < 1e-5, "{format:?} t={t}: accumulating grouped: {e}");
+        for (g, y2) in grouped.iter().zip(&acc_y2s) {
+            let e = rel_l2(&gpu.read::<f32>(y2, t * n_in).unwrap(), &want_acc);
+            assert!(e < 1e-5, "{format:?} t={t}: accumulating grouped {}: {e}", g.name());
+        }
     }
 }
 
@@ -428,6 +444,77 @@ fn rms_norm_and_glu_match_reference() {
             let got: Vec<f32> = gpu.read(&out, rows * n).unwrap();
             let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| reference::moe::glu(act, a as f64, b as f64) as f32).collect();
             assert!(rel_l2(&got, &want) < 1e-6, "{act:?}");
+        }
+    }
+}
+
+/// The grouped kernels (every variant the adapter runs) at shapes awkward for their tiles:
+/// expert widths that are not multiples of the 64 / 128 weight rows per workgroup (nor of 32
+/// for bf16), experts routed 0, 1, 17 and 70 pairs (a 64-pair tile and a remainder), a wide
+/// activation range across tokens (the coop kernels scale each row), writing and accumulating.
+#[test]
+fn grouped_kernels_match_reference_at_tile_edges() {
+    let Some(gpu) = support::gpu() else { return };
+    let (e, k, t) = (7, 3, 90);
+    // Token r: expert 3 (r < 70), 2 (r < 17), 1 (r == 5), then fillers 4, 5, 6; expert 0 never.
+    let mut idx = Vec::new();
+    for r in 0..t {
+        let mut chosen: Vec<u32> = Vec::new();
+        if r < 70 {
+            chosen.push(3);
+        }
+        if r < 17 {
+            chosen.push(2);
+        }
+        if r == 5 {
+            chosen.push(1);
+        }
+        for f in [4, 5, 6] {
+            if chosen.len() < k {
+                chosen.push(f);
+            }
+        }
+        chosen.rotate_left(r % k);
+        idx.extend(chosen);
+    }
+    let wts: Vec<f32> = support::random_vec(8, t * k).iter().map(|v| v.abs() + 0.1).collect();
+    // Token rows scaled by 2^-range .. 2^range: per-row scales must not lose the small rows.
+    // (SiTU's tanh loses relative precision at tiny arguments in every kernel, decode too:
+    // 1 - exp(-2|v|) cancels; its tokens stay within 2^+-3.)
+    for (format, act, n_in, n_mid, range) in [
+        (ExpertFormat::Mxfp4, SITU, 160, 96, 3),
+        (ExpertFormat::Mxfp4, Activation::Silu, 64, 224, 12),
+        (ExpertFormat::Bf16, Activation::Silu, 40, 72, 12),
+    ] {
+        let (store, dense) = random_experts(&gpu, format, n_in, n_mid, e);
+        let z: Vec<f32> = support::random_vec(7, t * n_in)
+            .iter()
+            .enumerate()
+            .map(|(i, v)| v * 2f32.powi((i / n_in) as i32 % (2 * range + 1) - range))
+            .collect();
+        let (zb, ib, wb) = (gpu.storage_from("z", &z), gpu.storage_from("idx", &idx), gpu.storage_from("wts", &wts));
+        let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act, accumulate: false };
+        let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
+        let mut want = Vec::new();
+        for r in 0..t {
+            want.extend(reference::moe::experts(act, &dense, n_in, n_mid, &idx[r * k..(r + 1) * k], &wts[r * k..(r + 1) * k], &z[r * n_in..(r + 1) * n_in]));
+        }
+        let base = support::random_vec(11, t * n_in);
+        let want_acc: Vec<f32> = want.iter().zip(&base).map(|(a, b)| a + b).collect();
+        for &g in moe::GROUPED_VARIANTS.iter().filter(|&&g| moe::grouped_supported(&gpu, &store.layout, g)) {
+            let y = gpu.storage("y", (t * n_in * 4) as u64);
+            let y_acc = gpu.storage_from("y base", &base);
+            let acc_call = moe::ExpertCall { accumulate: true, ..call };
+            run(&gpu, |enc| {
+                moe::experts_grouped_with(&gpu, enc, &store, &call, Some(g), &zb, &ib, &wb, &scratch, &y, None).unwrap();
+                moe::experts_grouped_with(&gpu, enc, &store, &acc_call, Some(g), &zb, &ib, &wb, &scratch, &y_acc, None).unwrap();
+            });
+            // Per token, so a small-scaled token's error is not hidden by the large ones.
+            let got: Vec<f32> = gpu.read(&y, t * n_in).unwrap();
+            let worst = (0..t).map(|r| rel_l2(&got[r * n_in..(r + 1) * n_in], &want[r * n_in..(r + 1) * n_in])).fold(0.0, f64::max);
+            let acc = rel_l2(&gpu.read::<f32>(&y_acc, t * n_in).unwrap(), &want_acc);
+            eprintln!("{format:?} {n_in}x{n_mid} grouped {}: worst token {worst:.2e}, accumulating {acc:.2e}", g.name());
+            assert!(worst < 1e-5 && acc < 1e-5, "{format:?} {n_in}x{n_mid} grouped {}: worst token {worst}, accumulating {acc}", g.name());
         }
     }
 }

@@ -82,7 +82,8 @@ fn every_shader_validates_and_translates() {
 const MAX_WORKGROUP_BYTES: u32 = 48 * 1024;
 
 /// Kernels that run on adapters with 32 KiB of workgroup memory (Metal, DX12): the ones ops
-/// fall back to there, and the ones that have no larger variant.
+/// fall back to there, the ones that have no larger variant, and the SIMT kernels that are
+/// the default wherever cooperative matrices are absent.
 const PORTABLE_FALLBACKS: &[&str] = &[
     "mla_attend",
     "kda_chunk_state16",
@@ -93,6 +94,11 @@ const PORTABLE_FALLBACKS: &[&str] = &[
     "linear_f32",
     "linear_any_bf16",
     "linear_any_f32",
+    "moe_tiles",
+    "expert_up_tiled_mxfp4",
+    "expert_down_tiled_mxfp4",
+    "expert_up_tiled_bf16",
+    "expert_down_tiled_bf16",
 ];
 
 #[test]

@@ -50,6 +50,34 @@ pub const EXPERT_DOWN_GROUPED_MXFP4: Kernel =
     Kernel::new("expert_down_grouped_mxfp4", "moe", "expert_down_grouped").with_constants(MX);
 pub const EXPERT_DOWN_GROUPED_BF16: Kernel = Kernel::new("expert_down_grouped_bf16", "moe", "expert_down_grouped").with_constants(BF);
 pub const MOE_COMBINE: Kernel = Kernel::new("moe_combine", "moe", "moe_combine");
+/// Tile list of the tiled and coop grouped kernels (moe_grouped.wgsl, lib/moe_tiles.wgsl).
+pub const MOE_TILES: Kernel = Kernel::new("moe_tiles", "moe_grouped", "moe_tiles");
+const UP_MX: &[(&str, f64)] = &[("UP", 1.0), ("MXFP4", 1.0)];
+const DOWN_MX: &[(&str, f64)] = &[("UP", 0.0), ("MXFP4", 1.0)];
+const UP_BF: &[(&str, f64)] = &[("UP", 1.0), ("MXFP4", 0.0)];
+const DOWN_BF: &[(&str, f64)] = &[("UP", 0.0), ("MXFP4", 0.0)];
+const UP: &[(&str, f64)] = &[("UP", 1.0)];
+const DOWN: &[(&str, f64)] = &[("UP", 0.0)];
+/// SIMT tiled grouped kernels (every adapter): 64 routed pairs x 128 weight rows per workgroup.
+/// (Unchecked: every index is guarded against the host-checked extents; the tests cover the
+/// tile edges.)
+pub const EXPERT_UP_TILED_MXFP4: Kernel =
+    Kernel::new("expert_up_tiled_mxfp4", "moe_grouped", "expert_tiled").with_constants(UP_MX).unchecked();
+pub const EXPERT_DOWN_TILED_MXFP4: Kernel =
+    Kernel::new("expert_down_tiled_mxfp4", "moe_grouped", "expert_tiled").with_constants(DOWN_MX).unchecked();
+pub const EXPERT_UP_TILED_BF16: Kernel =
+    Kernel::new("expert_up_tiled_bf16", "moe_grouped", "expert_tiled").with_constants(UP_BF).unchecked();
+pub const EXPERT_DOWN_TILED_BF16: Kernel =
+    Kernel::new("expert_down_tiled_bf16", "moe_grouped", "expert_tiled").with_constants(DOWN_BF).unchecked();
+/// Cooperative-matrix grouped kernels (moe_coop.wgsl), MXFP4 only, 32-wide subgroups; the same
+/// indexing as the tiled kernels (checked against the f64 reference in the moe bench).
+pub const EXPERT_UP_COOP_MXFP4: Kernel =
+    Kernel::new("expert_up_coop_mxfp4", "moe_coop", "expert_coop").with_constants(UP).coopmat().subgroups().unchecked();
+pub const EXPERT_DOWN_COOP_MXFP4: Kernel =
+    Kernel::new("expert_down_coop_mxfp4", "moe_coop", "expert_coop").with_constants(DOWN).coopmat().subgroups().unchecked();
+/// Power-of-two activation scales per row for the coop kernels: z rows (stage 1), h rows (stage 2).
+pub const MOE_ROW_SCALE_Z: Kernel = Kernel::new("moe_row_scale_z", "moe_coop", "moe_row_scale").with_constants(UP).coopmat();
+pub const MOE_ROW_SCALE_H: Kernel = Kernel::new("moe_row_scale_h", "moe_coop", "moe_row_scale").with_constants(DOWN).coopmat();
 pub const MXFP4_DEQUANT: Kernel = Kernel::new("mxfp4_dequant", "moe", "mxfp4_dequant");
 
 pub const KERNELS: &[Kernel] = &[
@@ -71,13 +99,24 @@ pub const KERNELS: &[Kernel] = &[
     EXPERT_DOWN_GROUPED_BF16,
     MOE_COMBINE,
     MXFP4_DEQUANT,
+    MOE_TILES,
+    EXPERT_UP_TILED_MXFP4,
+    EXPERT_DOWN_TILED_MXFP4,
+    EXPERT_UP_TILED_BF16,
+    EXPERT_DOWN_TILED_BF16,
+    EXPERT_UP_COOP_MXFP4,
+    EXPERT_DOWN_COOP_MXFP4,
+    MOE_ROW_SCALE_Z,
+    MOE_ROW_SCALE_H,
 ];
 
 pub fn params() -> Vec<super::ParamsLayout> {
     vec![
         super::layout_of::<ExpertParams>(),
-        // moe_sg.wgsl mirrors the same struct.
+        // moe_sg.wgsl, moe_grouped.wgsl and moe_coop.wgsl mirror the same struct.
         super::ParamsLayout { shader: "moe_sg", ..super::layout_of::<ExpertParams>() },
+        super::ParamsLayout { shader: "moe_grouped", ..super::layout_of::<ExpertParams>() },
+        super::ParamsLayout { shader: "moe_coop", ..super::layout_of::<ExpertParams>() },
         super::layout_of::<super::router::RouterParams>(),
         super::layout_of::<super::norm::NormParams>(),
         super::layout_of::<super::norm::GluParams>(),
@@ -264,12 +303,71 @@ fn with_scales<'a>(sg: bool, b: &[(u32, &'a wgpu::Buffer)], pool: &'a wgpu::Buff
     v
 }
 
+/// The kernels of the grouped (prefill) path, for tests and benches: `Old` = the first tiled
+/// kernels (moe.wgsl, 64 rows x 16 pairs, weights decoded per 16 pairs), `Tiled` = SIMT
+/// 64 pairs x 128 weight rows (moe_grouped.wgsl, every adapter), `Coop` = the same tiles on
+/// cooperative matrices (moe_coop.wgsl: MXFP4, 16x16x16 f16, 32-wide subgroups).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupedKernels {
+    Old,
+    Tiled,
+    Coop,
+}
+
+impl GroupedKernels {
+    pub fn name(self) -> &'static str {
+        match self {
+            GroupedKernels::Old => "old",
+            GroupedKernels::Tiled => "tiled simt",
+            GroupedKernels::Coop => "coop",
+        }
+    }
+}
+
+pub const GROUPED_VARIANTS: &[GroupedKernels] = &[GroupedKernels::Old, GroupedKernels::Tiled, GroupedKernels::Coop];
+
+/// Pairs per tile of the tiled and coop kernels (lib/moe_tiles.wgsl BM).
+const TILE_PAIRS: usize = 64;
+
+/// Whether the adapter runs `k` on experts of this layout.
+pub fn grouped_supported(gpu: &Gpu, layout: &SlotLayout, k: GroupedKernels) -> bool {
+    match k {
+        GroupedKernels::Old | GroupedKernels::Tiled => true,
+        GroupedKernels::Coop => {
+            layout.format == ExpertFormat::Mxfp4
+                && gpu.caps.coopmat
+                && gpu.caps.subgroups
+                && gpu.caps.subgroup_min == 32
+                && gpu.caps.subgroup_max == 32
+        }
+    }
+}
+
+/// Cooperative matrices where the adapter has them (MXFP4), else the SIMT tiles.
+pub fn grouped_default(gpu: &Gpu, layout: &SlotLayout) -> GroupedKernels {
+    if grouped_supported(gpu, layout, GroupedKernels::Coop) {
+        GroupedKernels::Coop
+    } else {
+        GroupedKernels::Tiled
+    }
+}
+
+/// Upper bound on the tiles of `tokens` x `top_k` pairs over `experts` lists: each list of
+/// c pairs has ceil(c / 64) <= c / 64 + 1 tiles, and no list exceeds `tokens`.
+fn max_tiles(tokens: usize, top_k: usize, experts: usize) -> usize {
+    (experts * tokens.div_ceil(TILE_PAIRS)).min((tokens * top_k).div_ceil(TILE_PAIRS) + experts)
+}
+
 /// GPU scratch of the prefill path for `tokens` x `top_k` pairs.
 pub struct GroupedScratch {
     /// [num_experts, tokens] u32 pair lists.
     pub list: wgpu::Buffer,
     /// [num_experts] u32.
     pub count: wgpu::Buffer,
+    /// [1 + 2 * max tiles] u32: the tile count, then (expert, first list index) per tile.
+    pub tiles: wgpu::Buffer,
+    /// [tokens * top_k] f32 power-of-two activation scales per row (coop kernels).
+    pub xscale: wgpu::Buffer,
     /// [tokens * top_k, n_mid] f32.
     pub h: wgpu::Buffer,
     /// [tokens * top_k, n_in] f32 per-pair expert outputs.
@@ -282,20 +380,41 @@ impl GroupedScratch {
         GroupedScratch {
             list: gpu.storage("moe list", (store.num_experts * tokens * 4) as u64),
             count: gpu.storage("moe count", (store.num_experts * 4) as u64),
+            tiles: gpu.storage("moe tiles", ((1 + 2 * max_tiles(tokens, top_k, store.num_experts)) * 4) as u64),
+            xscale: gpu.storage("moe xscale", (tokens * top_k * 4) as u64),
             h: gpu.storage("moe h", (tokens * top_k * l.n_mid * 4) as u64),
             yk: gpu.storage("moe yk", (tokens * top_k * l.n_in * 4) as u64),
         }
     }
 }
 
-/// Prefill path: pairs grouped by expert on the GPU, each expert's weight tiles read once
-/// per 16 routed tokens (from memory once per chunk), then a fixed-order weighted combine.
+/// Prefill path with the adapter's default kernels ([`grouped_default`]).
 #[allow(clippy::too_many_arguments)]
 pub fn experts_grouped(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
     store: &ExpertStore,
     call: &ExpertCall,
+    z: &wgpu::Buffer,
+    idx: &wgpu::Buffer,
+    wts: &wgpu::Buffer,
+    s: &GroupedScratch,
+    y: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    experts_grouped_with(gpu, enc, store, call, None, z, idx, wts, s, y, profiler)
+}
+
+/// Prefill path: pairs grouped by expert on the GPU and cut into tiles of 64 pairs, each
+/// expert's weights decoded once per tile (read from memory once per chunk, the rest from
+/// cache), then a fixed-order weighted combine. `kernels`: None = [`grouped_default`].
+#[allow(clippy::too_many_arguments)]
+pub fn experts_grouped_with(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    store: &ExpertStore,
+    call: &ExpertCall,
+    kernels: Option<GroupedKernels>,
     z: &wgpu::Buffer,
     idx: &wgpu::Buffer,
     wts: &wgpu::Buffer,
@@ -312,15 +431,54 @@ pub fn experts_grouped(
     need(&s.h, t * k * n_mid * 4, "h")?;
     need(&s.yk, t * k * n_in * 4, "yk")?;
     need(y, t * n_in * 4, "y")?;
-    let (up, down) = match store.layout.format {
-        ExpertFormat::Mxfp4 => (EXPERT_UP_GROUPED_MXFP4, EXPERT_DOWN_GROUPED_MXFP4),
-        ExpertFormat::Bf16 => (EXPERT_UP_GROUPED_BF16, EXPERT_DOWN_GROUPED_BF16),
-    };
+    let kind = kernels.unwrap_or_else(|| grouped_default(gpu, &store.layout));
+    if !grouped_supported(gpu, &store.layout, kind) {
+        return Err(GpuError::Shape(format!("experts: grouped kernels {} do not run here for {:?} experts", kind.name(), store.layout.format)));
+    }
+    let mx = store.layout.format == ExpertFormat::Mxfp4;
     dispatch(gpu, enc, &MOE_GROUP, &p, &[(3, idx), (7, &s.list), (8, &s.count)], (e as u32, 1), profiler.as_deref_mut())?;
-    let up_bufs = [(1, &store.pool), (2, &store.table), (5, z), (6, &s.h), (7, &s.list), (8, &s.count)];
-    dispatch(gpu, enc, &up, &p, &up_bufs, ((n_mid as u32).div_ceil(64), e as u32), profiler.as_deref_mut())?;
-    let down_bufs = [(1, &store.pool), (2, &store.table), (5, &s.h), (6, &s.yk), (7, &s.list), (8, &s.count)];
-    dispatch(gpu, enc, &down, &p, &down_bufs, ((n_in as u32).div_ceil(64), e as u32), profiler.as_deref_mut())?;
+    let (up, down) = match (kind, mx) {
+        (GroupedKernels::Old, true) => (EXPERT_UP_GROUPED_MXFP4, EXPERT_DOWN_GROUPED_MXFP4),
+        (GroupedKernels::Old, false) => (EXPERT_UP_GROUPED_BF16, EXPERT_DOWN_GROUPED_BF16),
+        (GroupedKernels::Tiled, true) => (EXPERT_UP_TILED_MXFP4, EXPERT_DOWN_TILED_MXFP4),
+        (GroupedKernels::Tiled, false) => (EXPERT_UP_TILED_BF16, EXPERT_DOWN_TILED_BF16),
+        (GroupedKernels::Coop, _) => (EXPERT_UP_COOP_MXFP4, EXPERT_DOWN_COOP_MXFP4),
+    };
+    if kind == GroupedKernels::Old {
+        let up_bufs = [(1, &store.pool), (2, &store.table), (5, z), (6, &s.h), (7, &s.list), (8, &s.count)];
+        dispatch(gpu, enc, &up, &p, &up_bufs, ((n_mid as u32).div_ceil(64), e as u32), profiler.as_deref_mut())?;
+        let down_bufs = [(1, &store.pool), (2, &store.table), (5, &s.h), (6, &s.yk), (7, &s.list), (8, &s.count)];
+        dispatch(gpu, enc, &down, &p, &down_bufs, ((n_in as u32).div_ceil(64), e as u32), profiler.as_deref_mut())?;
+    } else {
+        let bound = max_tiles(t, k, e);
+        need(&s.tiles, (1 + 2 * bound) * 4, "tiles")?;
+        need(&s.xscale, t * k * 4, "xscale")?;
+        if bound > 65535 {
+            return Err(GpuError::Shape(format!("experts: {bound} tiles exceed one dispatch dimension ({t} tokens x top-{k})")));
+        }
+        let coop = kind == GroupedKernels::Coop;
+        dispatch(gpu, enc, &MOE_TILES, &p, &[(8, &s.count), (9, &s.tiles)], (1, 1), profiler.as_deref_mut())?;
+        let tiled = [(1, &store.pool), (2, &store.table), (7, &s.list), (8, &s.count), (9, &s.tiles)];
+        if coop {
+            dispatch(gpu, enc, &MOE_ROW_SCALE_Z, &p, &[(5, z), (10, &s.xscale)], (t as u32, 1), profiler.as_deref_mut())?;
+        }
+        let mut up_bufs = tiled.to_vec();
+        up_bufs.extend([(5, z), (6, &s.h)]);
+        if coop {
+            up_bufs.push((10, &s.xscale));
+        }
+        // Stage 1: 64 output rows (of w1 and w3) per workgroup; stage 2: 128 rows of w2.
+        dispatch(gpu, enc, &up, &p, &up_bufs, ((n_mid as u32).div_ceil(64), bound as u32), profiler.as_deref_mut())?;
+        if coop {
+            dispatch(gpu, enc, &MOE_ROW_SCALE_H, &p, &[(5, &s.h), (10, &s.xscale)], ((t * k) as u32, 1), profiler.as_deref_mut())?;
+        }
+        let mut down_bufs = tiled.to_vec();
+        down_bufs.extend([(5, &s.h), (6, &s.yk)]);
+        if coop {
+            down_bufs.push((10, &s.xscale));
+        }
+        dispatch(gpu, enc, &down, &p, &down_bufs, ((n_in as u32).div_ceil(128), bound as u32), profiler.as_deref_mut())?;
+    }
     dispatch(gpu, enc, &MOE_COMBINE, &p, &[(4, wts), (5, &s.yk), (6, y)], (((t * n_in) as u32).div_ceil(128), 1), profiler)
 }
 
