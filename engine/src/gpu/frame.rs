@@ -51,11 +51,15 @@ pub(crate) struct Frame {
     kept_set: HashSet<wgpu::Buffer>,
     binds: HashMap<BindKey, (wgpu::BindGroup, u64)>,
     frame: u64,
+    /// Open [`crate::gpu::Gpu::batch_passes`] guards on this thread.
+    pub batching: usize,
+    /// The compute pass dispatches share while batching, and the address of its encoder.
+    pub open_pass: Option<(usize, wgpu::ComputePass<'static>)>,
 }
 
 impl Frame {
     pub fn new() -> Frame {
-        Frame { arena: None, mirror: Vec::new(), next_slot: 0, free: HashMap::new(), out: Vec::new(), kept: Vec::new(), kept_set: HashSet::new(), binds: HashMap::new(), frame: 0 }
+        Frame { arena: None, mirror: Vec::new(), next_slot: 0, free: HashMap::new(), out: Vec::new(), kept: Vec::new(), kept_set: HashSet::new(), binds: HashMap::new(), frame: 0, batching: 0, open_pass: None }
     }
 
     /// Starts a forward: slots from 0 again, last forward's scratch buffers reusable in the

@@ -362,6 +362,7 @@ impl GlobalAttn {
                 return;
             }
             let (a, b) = ((t0 * row * 4) as u64, (n * row * 4) as u64);
+            gpu.end_pass();
             if back {
                 enc.copy_buffer_to_buffer(src, 0, dst, a, b);
             } else {
@@ -408,6 +409,7 @@ impl GlobalAttn {
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 });
+                gpu.end_pass();
                 enc.copy_buffer_to_buffer(&sel, 0, &staging, 0, bytes);
                 enc.copy_buffer_to_buffer(&sel_score, 0, &staging, bytes, bytes);
                 let holder = match opts.deferred.as_deref_mut() {
@@ -429,7 +431,7 @@ impl GlobalAttn {
             t0 += nb;
         }
         linear(gpu, &mut enc, &self.o_proj, t_n, &o, out, prof.as_deref_mut())?;
-        gpu.queue.submit([enc.finish()]);
+        gpu.flush(&mut enc);
         Ok(diags)
     }
 
@@ -462,7 +464,7 @@ impl GlobalAttn {
         dsa::mla_logits(gpu, &mut enc, &dm, &cache.latent, qa, &logits, 1, qpos, n_pos, None)?;
         // Every head row is fully valid: pos0 = n_pos makes valid = n_pos for all rows.
         dsa::topk_set(gpu, &mut enc, scratch, &logits, n_pos, h, n_pos, n_pos, &asel, &ascore, None)?;
-        gpu.queue.submit([enc.finish()]);
+        gpu.flush(&mut enc);
         let (os, ls, od, ld): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) =
             (gpu.read(&o_s, vo)?, gpu.read(&l_s, h)?, gpu.read(&o_d, vo)?, gpu.read(&l_d, h)?);
         let chosen: Vec<i32> = gpu.read(sel, k)?;

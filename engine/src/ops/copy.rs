@@ -35,6 +35,7 @@ pub fn copy(
         ],
     });
     let timestamp_writes = profiler.and_then(|p| p.pass(COPY_VEC4.name));
+    gpu.end_pass();
     let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(COPY_VEC4.name), timestamp_writes });
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind, &[]);
