@@ -1,10 +1,10 @@
-//! The model graph's own small ops (embedding gather, residual add) against the CPU.
+//! The model graph's own small ops (embedding gather, AttnRes with its RMSNorm) against the CPU.
 
 mod support;
 
 use k31_engine::gpu::GpuTensor;
 use k31_engine::layout::DType;
-use k31_engine::ops::{elementwise, embed};
+use k31_engine::ops::embed;
 use support::{gpu, random_vec};
 
 #[test]
@@ -34,19 +34,6 @@ fn embedding_gather_across_table_chunks() {
             assert_eq!(&got[i * d..(i + 1) * d], &want_table[id as usize * d..(id as usize + 1) * d], "{dtype:?} token {i}");
         }
     }
-}
-
-#[test]
-fn residual_add() {
-    let Some(g) = gpu() else { return };
-    let n = 70_001;
-    let (a, b) = (random_vec(2, n), random_vec(3, n));
-    let (ab, bb, out) = (g.storage_from("a", &a), g.storage_from("b", &b), g.storage("out", (n * 4) as u64));
-    let mut enc = g.device.create_command_encoder(&Default::default());
-    elementwise::add(&g, &mut enc, n, &ab, &bb, &out, None).expect("add");
-    g.queue.submit([enc.finish()]);
-    let got: Vec<f32> = g.read(&out, n).expect("read");
-    assert!(got.iter().zip(a.iter().zip(&b)).all(|(g, (x, y))| *g == x + y));
 }
 
 /// The fused AttnRes + RMSNorm pass (decode and prefill shapes): bank and current partial,

@@ -312,7 +312,7 @@ impl Model {
                     crate::config::Ffn::Moe => "moe",
                 })));
             }
-            // The partial is dead after this layer's AttnRes: the FFN adds into it in place.
+            // The FFN adds into the partial, which becomes the next layer's carry.
             layer.ffn.forward(g, &mut enc, &normed, t, &stream[part_at], true, prof.as_deref_mut())?;
             carry_at = part_at;
             // Hand layers to the GPU as soon as they are recorded, so the GPU runs while

@@ -3,7 +3,6 @@
 
 pub mod copy;
 pub mod dsa;
-pub mod elementwise;
 pub mod embed;
 pub mod gemv;
 pub mod attn_res;
@@ -61,7 +60,6 @@ pub fn all_params() -> Vec<ParamsLayout> {
         layout_of::<gemv::GemvParams>(),
         layout_of::<gemv::MultiParams>(),
         layout_of::<embed::EmbedParams>(),
-        layout_of::<elementwise::ElementwiseParams>(),
     ];
     v.extend(kda::params());
     v.extend(dsa::params());
@@ -71,6 +69,6 @@ pub fn all_params() -> Vec<ParamsLayout> {
 
 /// Every kernel variant the engine can build: the table the portability test expands.
 pub fn all_kernels() -> Vec<Kernel> {
-    [copy::KERNELS, gemv::KERNELS, embed::KERNELS, elementwise::KERNELS, kda::KERNELS, dsa::KERNELS, moe::KERNELS, router::KERNELS, norm::KERNELS, attn_res::KERNELS, linear::KERNELS]
+    [copy::KERNELS, gemv::KERNELS, embed::KERNELS, kda::KERNELS, dsa::KERNELS, moe::KERNELS, router::KERNELS, norm::KERNELS, attn_res::KERNELS, linear::KERNELS]
         .concat()
 }
