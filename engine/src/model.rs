@@ -253,7 +253,9 @@ impl Model {
                 MixerWeights::Global(_) => "global",
             };
             if let Some(p) = prof.as_deref_mut() {
-                g.end_pass();
+                if p.is_spans() {
+                    g.end_pass();
+                }
                 p.enter(&mut enc, Some(format!("layer{l}.mixer.{kind}")));
             }
             let carry = &stream[carry_at];
@@ -306,7 +308,9 @@ impl Model {
             };
             attn_res_norm(g, &mut enc, t, d, eps, part_sources, query, &layer.post_attention_norm, &normed, &alpha, prof.as_deref_mut())?;
             if let Some(p) = prof.as_deref_mut() {
-                g.end_pass();
+                if p.is_spans() {
+                    g.end_pass();
+                }
                 p.enter(&mut enc, Some(format!("layer{l}.ffn.{}", match cfg.layers[l].ffn {
                     crate::config::Ffn::Dense => "dense",
                     crate::config::Ffn::Moe => "moe",
@@ -323,7 +327,9 @@ impl Model {
         }
         let carry = &stream[carry_at];
         if let Some(p) = prof.as_deref_mut() {
-            g.end_pass();
+            if p.is_spans() {
+                g.end_pass();
+            }
             p.enter(&mut enc, Some("head".into()));
         }
         match &self.output_res {

@@ -44,6 +44,9 @@ pub struct Capabilities {
     pub f16: bool,
     pub subgroups: bool,
     pub timestamps: bool,
+    /// Timestamps between the dispatches of one compute pass (per-op times while dispatches
+    /// share passes).
+    pub timestamps_in_passes: bool,
     /// 16x16x16 cooperative matrices with f16 inputs and f32 accumulators (tensor cores);
     /// kernels that use them have a SIMT twin for adapters without.
     pub coopmat: bool,
@@ -118,7 +121,8 @@ impl Gpu {
         let want = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
-            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
         let mut features = adapter.features() & want;
         let coopmat = features.contains(wgpu::Features::SHADER_F16) && adapter::has_coopmat_f16_16(&adapter);
         if coopmat {
@@ -143,6 +147,7 @@ impl Gpu {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            timestamps_in_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             coopmat,
             subgroup_min: info.subgroup_min_size,
             subgroup_max: info.subgroup_max_size,
@@ -419,21 +424,33 @@ impl Gpu {
         if groups.iter().any(|&g| g > max) {
             return Err(GpuError::Shape(format!("{}: grid {groups:?} exceeds {max} workgroups per dimension", kernel.name)));
         }
-        let timestamp_writes = profiler.and_then(|p| p.pass(kernel.profile_label()));
-        if timestamp_writes.is_none() && frame::with(self.id, |f| f.batching > 0) {
+        let mut profiler = profiler;
+        // A per-pass profiler stamps inside the shared pass where the adapter can (the
+        // stamps bracket each dispatch with its barrier: the op's share of the real stream),
+        // else it gets a pass per dispatch.
+        let stamps_inside = self.caps.timestamps_in_passes || profiler.as_ref().is_none_or(|p| p.is_spans());
+        if stamps_inside && frame::with(self.id, |f| f.batching > 0) {
             let at = enc as *const wgpu::CommandEncoder as usize;
             let stale = frame::with(self.id, |f| f.open_pass.take_if(|(e, _)| *e != at));
             drop(stale);
+            let stamp = profiler.as_deref_mut().and_then(|p| p.stamps(kernel.profile_label()));
             frame::with(self.id, |f| {
                 let (_, pass) = f.open_pass.get_or_insert_with(|| {
                     (at, enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("k31 dispatches"), timestamp_writes: None }).forget_lifetime())
                 });
+                if let Some((set, i)) = stamp {
+                    pass.write_timestamp(set, i);
+                }
                 pass.set_pipeline(pipeline);
                 pass.set_bind_group(0, bind, &[]);
                 pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+                if let Some((set, i)) = stamp {
+                    pass.write_timestamp(set, i + 1);
+                }
             });
             return Ok(());
         }
+        let timestamp_writes = profiler.and_then(|p| p.pass(kernel.profile_label()));
         self.end_pass();
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
         pass.set_pipeline(pipeline);

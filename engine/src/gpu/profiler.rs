@@ -102,6 +102,13 @@ impl Profiler {
 
     /// Timestamp writes for the next pass, attributed to `label`.
     pub fn pass(&mut self, label: &str) -> Option<wgpu::ComputePassTimestampWrites<'_>> {
+        let (set, i) = self.stamps(label)?;
+        Some(wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: Some(i), end_of_pass_write_index: Some(i + 1) })
+    }
+
+    /// The query set and the first of two query indices for one op attributed to `label`
+    /// (its start and end stamps), or None in span mode, without timestamps or when full.
+    pub fn stamps(&mut self, label: &str) -> Option<(&wgpu::QuerySet, u32)> {
         if self.spans {
             return None;
         }
@@ -115,11 +122,11 @@ impl Profiler {
             Some(s) => format!("{s}/{label}"),
             None => label.to_string(),
         });
-        Some(wgpu::ComputePassTimestampWrites {
-            query_set: set,
-            beginning_of_pass_write_index: Some(2 * i),
-            end_of_pass_write_index: Some(2 * i + 1),
-        })
+        Some((set, 2 * i))
+    }
+
+    pub fn is_spans(&self) -> bool {
+        self.spans
     }
 
     /// Reads back the timestamps of all passes submitted since the last call (waits for
