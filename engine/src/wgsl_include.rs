@@ -1,8 +1,10 @@
 //! `#include "lib/name.wgsl"` lines in shader files: WGSL has no includes, so code several
 //! shaders share lives once under shaders/lib/ and is pasted in before a module is embedded
 //! (build.rs), loaded from `K31_SHADER_DIR`, or compared by the tests. Paths are relative to
-//! the shader directory; a file is pasted once per module however often it is named. Shared
-//! by build.rs through `#[path]`, so it uses std alone.
+//! the shader directory; a file is pasted once per module however often it is named.
+//! `#include "lib/name.wgsl" A=B C=D` pastes it with the identifiers A and C renamed to B and
+//! D (once per distinct renaming): one body over several bindings, which WGSL cannot pass to
+//! a function. Shared by build.rs through `#[path]`, so it uses std alone.
 
 /// `text` with every include line replaced by the named file's (expanded) text; `read` loads
 /// a file by its include path.
@@ -21,22 +23,43 @@ fn expand_into(text: &str, read: &mut dyn FnMut(&str) -> Result<String, String>,
             out.push_str(line);
             continue;
         };
-        let name = rest.trim();
-        let name = name
-            .strip_prefix('"')
-            .and_then(|n| n.strip_suffix('"'))
-            .ok_or_else(|| format!("malformed include line `{}`: expected #include \"path\"", line.trim_end()))?;
-        if seen.iter().any(|s| s == name) {
+        let malformed = || format!("malformed include line `{}`: expected #include \"path\" [NAME=NEW ...]", line.trim_end());
+        let rest = rest.trim().strip_prefix('"').ok_or_else(malformed)?;
+        let (name, renames) = rest.split_once('"').ok_or_else(malformed)?;
+        let renames: Vec<(&str, &str)> = renames.split_whitespace().map(|r| r.split_once('=').ok_or_else(malformed)).collect::<Result<_, _>>()?;
+        let key = rest.trim_end().to_string();
+        if seen.iter().any(|s| *s == key) {
             continue;
         }
-        seen.push(name.to_string());
+        seen.push(key);
         let inner = read(name).map_err(|e| format!("include \"{name}\": {e}"))?;
-        out.push_str(&expand_into(&inner, read, seen, depth + 1)?);
+        out.push_str(&rename(&expand_into(&inner, read, seen, depth + 1)?, &renames));
         if !out.is_empty() && !out.ends_with('\n') {
             out.push('\n');
         }
     }
     Ok(out)
+}
+
+/// `text` with every whole identifier `from` of `renames` replaced by its `to`.
+fn rename(text: &str, renames: &[(&str, &str)]) -> String {
+    if renames.is_empty() {
+        return text.to_string();
+    }
+    let ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(text.len());
+    let mut word = String::new();
+    for c in text.chars().chain(std::iter::once('\n')) {
+        if ident(c) {
+            word.push(c);
+            continue;
+        }
+        out.push_str(renames.iter().find(|(from, _)| *from == word).map_or(word.as_str(), |(_, to)| to));
+        word.clear();
+        out.push(c);
+    }
+    out.pop();
+    out
 }
 
 #[cfg(test)]
@@ -61,5 +84,9 @@ mod tests {
         assert!(expand("#include \"lib/none.wgsl\"\n", &mut files).unwrap_err().contains("lib/none.wgsl"));
         // A cycle stops at the once-per-module rule.
         assert_eq!(expand("#include \"lib/loop.wgsl\"\n", &mut files).unwrap(), "");
+        // Renamed copies: once per renaming, whole identifiers only.
+        let text = "#include \"lib/b.wgsl\" b=b0\n#include \"lib/b.wgsl\" b=b1\n#include \"lib/b.wgsl\" b=b1\n";
+        assert_eq!(expand(text, &mut files).unwrap(), "fn b0() {}\nfn b1() {}\n");
+        assert!(expand("#include \"lib/b.wgsl\" b\n", &mut files).unwrap_err().contains("malformed include"));
     }
 }
