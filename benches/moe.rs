@@ -84,7 +84,7 @@ fn main() -> anyhow::Result<()> {
                 let scales: Vec<u8> = (0..n_mid * n_in / 32)
                     .map(|i| {
                         let h = mix(seed + 1000, i as u64) >> 32;
-                        if h % 64 == 0 { 100 } else { 118 + (h % 9) as u8 }
+                        if h.is_multiple_of(64) { 100 } else { 118 + (h % 9) as u8 }
                     })
                     .collect();
                 (packed, scales)

@@ -28,7 +28,7 @@ fn expand_into(text: &str, read: &mut dyn FnMut(&str) -> Result<String, String>,
         let (name, renames) = rest.split_once('"').ok_or_else(malformed)?;
         let renames: Vec<(&str, &str)> = renames.split_whitespace().map(|r| r.split_once('=').ok_or_else(malformed)).collect::<Result<_, _>>()?;
         let key = rest.trim_end().to_string();
-        if seen.iter().any(|s| *s == key) {
+        if seen.contains(&key) {
             continue;
         }
         seen.push(key);

@@ -430,7 +430,7 @@ impl GlobalAttn {
             }
             t0 += nb;
         }
-        linear(gpu, &mut enc, &self.o_proj, t_n, &o, out, prof.as_deref_mut())?;
+        linear(gpu, &mut enc, &self.o_proj, t_n, &o, out, prof)?;
         gpu.flush(&mut enc);
         Ok(diags)
     }
