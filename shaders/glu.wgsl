@@ -16,10 +16,7 @@ struct GluParams {
 @group(0) @binding(2) var<storage, read> up: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 
-fn tanh_f(v: f32) -> f32 {
-    let e = exp(-2.0 * abs(v));
-    return sign(v) * (1.0 - e) / (1.0 + e);
-}
+#include "lib/activation.wgsl"
 
 @compute @workgroup_size(256)
 fn glu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -29,7 +26,7 @@ fn glu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     }
     let g = gate[i];
     let u = up[i];
-    let sg = 1.0 / (1.0 + exp(-g));
+    let sg = sigmoid(g);
     if (p.act == 1u) {
         out[i] = g * sg * u;
         return;

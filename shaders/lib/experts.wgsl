@@ -37,15 +37,7 @@ fn e8m0(s: u32) -> f32 {
     return select(bitcast<f32>(s << 23u), bitcast<f32>(0x00400000u), s == 0u);
 }
 
-fn tanh_f(v: f32) -> f32 {
-    // tanh via exp of a non-positive argument: no overflow for large |v|.
-    let e = exp(-2.0 * abs(v));
-    return sign(v) * (1.0 - e) / (1.0 + e);
-}
-
-fn sigmoid(v: f32) -> f32 {
-    return 1.0 / (1.0 + exp(-v));
-}
+#include "lib/activation.wgsl"
 
 // SiTU-GLU (act = 0) or SiLU-GLU (act = 1) of one (gate, up) pair.
 fn glu(g: f32, u: f32) -> f32 {

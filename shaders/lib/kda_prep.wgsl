@@ -30,9 +30,7 @@ struct KdaParams {
 @group(0) @binding(13) var<storage, read_write> g_out: array<f32>; // [T, H, K] log decay
 @group(0) @binding(14) var<storage, read_write> beta_out: array<f32>; // [T, H]
 
-fn sigmoid(z: f32) -> f32 {
-    return 1.0 / (1.0 + exp(-z));
-}
+#include "lib/activation.wgsl"
 
 fn silu(z: f32) -> f32 {
     return z * sigmoid(z);
