@@ -414,7 +414,8 @@ pub fn set_index_coop_groups(n: usize) -> usize {
     INDEX_COOP_GROUPS.swap(n.max(1), std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The coop indexer exists for 32 heads x 128 only and assumes 32-wide subgroups (8 per workgroup).
+/// The coop indexer exists for 32 heads x 128 only, assumes 32-wide subgroups (8 per
+/// workgroup) and needs its 44.8 KB of workgroup memory.
 pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool {
     gpu.caps.coopmat
         && gpu.caps.subgroups
@@ -422,6 +423,7 @@ pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool 
         && gpu.caps.subgroup_max == 32
         && heads == 32
         && head_dim == 128
+        && gpu.pipelines.fits(gpu, &INDEX_SCORES_COOP).unwrap_or(false)
 }
 
 /// Indexer scores for `n_queries` queries at positions `q_pos0..`: scores[t, s] for
@@ -469,7 +471,7 @@ pub fn index_scores_variant(
         IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
         IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
             return Err(shape_err(format!(
-                "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128)"
+                "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128 and 44.8 KB of workgroup memory)"
             )))
         }
         IndexVariant::Coop => INDEX_SCORES_COOP,
