@@ -132,3 +132,18 @@ fn adapter_selection_errors_are_clear() {
     let none = k31_engine::gpu::GpuError::NoAdapter.to_string();
     assert!(none.contains("mesa-vulkan-drivers") && none.contains("driver"), "{none}");
 }
+
+/// A buffer bound past the adapter's binding limit is a clear error from the dispatch, not a
+/// wgpu panic inside bind group creation.
+#[test]
+fn oversized_binding_is_an_error() {
+    let Some(g) = gpu() else { return };
+    let n = (g.caps.max_binding / 4 + 64) as usize;
+    if (n * 4) as u64 > g.caps.max_buffer {
+        return;
+    }
+    let (x, w, out) = (g.storage("x", (n * 4) as u64), g.storage("w", 256), g.storage("out", (n * 4) as u64));
+    let mut enc = g.device.create_command_encoder(&Default::default());
+    let err = k31_engine::ops::norm::rms_norm(&g, &mut enc, 1, 64, 1e-5, &x, &w, &out, None).expect_err("oversized binding");
+    assert!(err.to_string().contains("rms_norm binding"), "{err}");
+}

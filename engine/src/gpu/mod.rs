@@ -312,6 +312,7 @@ impl Gpu {
         groups: [u32; 3],
         profiler: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
+        self.check_bindings(kernel, entries)?;
         let pipeline = self.pipelines.get(self, kernel)?;
         let e: Vec<wgpu::BindGroupEntry> =
             entries.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
@@ -365,6 +366,7 @@ impl Gpu {
         grid: [u32; 3],
         profiler: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
+        self.check_bindings(kernel, buffers)?;
         let bytes = bytemuck::bytes_of(params);
         let slot = frame::with(self.id, |f| f.uniform_slot(&self.device, &self.queue, bytes));
         let Some((arena, offset, slot)) = slot else {
@@ -399,6 +401,15 @@ impl Gpu {
             }
         };
         self.pass(enc, kernel, &pipeline, &bind, grid, profiler)
+    }
+
+    /// A clear error where a whole-buffer binding exceeds what the adapter allows (wgpu would
+    /// otherwise fail inside bind group creation).
+    fn check_bindings(&self, kernel: &Kernel, buffers: &[(u32, &wgpu::Buffer)]) -> Result<(), GpuError> {
+        match buffers.iter().find(|(_, b)| b.size() > self.caps.max_binding) {
+            Some((b, buf)) => Err(GpuError::TooLarge { what: format!("{} binding {b}", kernel.name), needed: buf.size(), limit: self.caps.max_binding }),
+            None => Ok(()),
+        }
     }
 
     /// The dispatch grid for `groups` (see [`Gpu::record_with_uniform`]).

@@ -13,6 +13,9 @@ use crate::trace::{Selection, SelectionSink};
 
 /// Scores held per query block: Tb * S <= this many values (64 MiB of f32).
 const SCORE_BUDGET: usize = 16 << 20;
+/// Bytes of the attention partials [Tb, H, splits, R+2] per query block (K3.1: 6.3 MB per
+/// query, so blocks of ~40 queries; a 512-token block would need 3.2 GB, past any binding).
+const PARTIALS_BUDGET: usize = 256 << 20;
 
 /// The caches of one global layer for one sequence: the latent rows (c 512 | k_pe 64 for
 /// K3.1) and the index keys (128), both bf16, in pages that grow without copying.
@@ -330,7 +333,9 @@ impl GlobalAttn {
         let lse = buf("lse [T, H]", t_n * h);
         let gate = self.g_proj.as_ref().map(|_| &g);
         // Query blocks: the scores of one block are [Tb, S].
-        let mut tb = (SCORE_BUDGET / n_pos).clamp(1, t_n);
+        let split_max = dsa::attend_splits(self.indexer.as_ref().map_or(n_pos, |i| i.topk.min(n_pos)));
+        let part_budget = PARTIALS_BUDGET.min(gpu.caps.max_binding as usize);
+        let mut tb = (SCORE_BUDGET / n_pos).min(part_budget / dsa::partial_bytes(&dm, 1, split_max)).clamp(1, t_n);
         if opts.max_query_block > 0 {
             tb = tb.min(opts.max_query_block);
         }
@@ -338,7 +343,6 @@ impl GlobalAttn {
             tb = 1;
         }
         let mut diags = Vec::new();
-        let split_max = dsa::attend_splits(self.indexer.as_ref().map_or(n_pos, |i| i.topk.min(n_pos)));
         let part = gpu.scratch("mla partials", dsa::partial_bytes(&dm, tb, split_max) as u64);
         // One block covering every query (decode) works on the whole-T buffers in place: no
         // block copies, which would also split the layer's compute passes.
