@@ -17,10 +17,11 @@
 //   weights are all that small); |w| >= 2^16 (or inf/NaN) would overflow: the workgroup
 //   notices while staging and computes its whole tile in f32 instead (slow, never expected
 //   in real checkpoints).
-// - Accumulation: the error grows linearly with K, as from an f32 accumulator that rounds each
-//   MMA's sum toward zero (tensor cores): measured relative L2 vs f64 ~2.4e-9 * cols (8e-5
-//   at cols = 33792; the SIMT kernel ~1.5e-6 there). The host runs this kernel only up to
-//   COOP_MAX_COLS (engine/src/ops/linear.rs). Flushing the fragments into f32 registers every few hundred k would cut it to ~1e-6.
+// - Accumulation: the tensor cores' f32 accumulator truncates each MMA's sum, so one
+//   accumulator over all of K erred ~2.4e-9 * cols (8e-5 relative L2 at cols = 33792). The
+//   fragments are drained into f32 registers every DRAIN steps (256 k): ~8e-7 at every K3.1
+//   shape on the H200 (the SIMT kernel: 1-3e-6), for ~14 % of the speed. The host still runs
+//   this kernel only up to COOP_MAX_COLS (engine/src/ops/linear.rs).
 //
 // Tiling: a workgroup of 8 subgroups computes BM = 128 tokens x BN = 128 rows; subgroup sg owns
 // tokens 64 (sg / 4) .. +63 and rows 32 (sg % 4) .. +31 (4 x 2 accumulator fragments).
@@ -53,11 +54,16 @@ const BK: u32 = 32u;
 const KPT: u32 = 16u;      // k per thread per step
 const SS: u32 = 10u;        // vec4<f16> stride of a staged row
 const STAGE: u32 = 1280u;  // vec4<f16> per buffer: 128 rows x SS
+// K steps per drain of the accumulators into f32 (8 x BK = 256 k).
+const DRAIN: u32 = 8u;
 
 var<workgroup> wt: array<vec4<f16>, 1280>; // [buffer][row n][k] f16(W)
 var<workgroup> xh: array<vec4<f16>, 1280>; // [buffer][token][k] hi part of x * s
 var<workgroup> xl: array<vec4<f16>, 1280>; // [buffer][token][k] lo part
 var<workgroup> cs: array<f32, 2048>;       // 8 subgroups x one 16 x 16 fragment (row-major)
+// f32 sums of the drained fragments: lane l's 8 values (token l / 2, rows 8 (l % 2) ..) of
+// each of the subgroup's 8 fragments.
+var<private> fl: array<vec4<f32>, 16>;
 var<workgroup> red: array<atomic<u32>, 4>; // linear_scale: [0] = max |x| as f32 bits
 var<workgroup> bad: array<atomic<u32>, 4>; // [0]: a weight of this tile is outside f16's range
 var<workgroup> bad_all: array<u32, 4>;
@@ -159,24 +165,32 @@ fn stage(buf: u32, n: u32, h: u32, f: Fetch, s: f32) {
     split(f.x3 * s, at + 3u);
 }
 
-// One accumulator fragment (tokens t..t+15, rows r..r+15) through the subgroup's slice of cs:
-// lane l writes token t + l / 2, rows r + 8 (l % 2) .. +7.
-fn emit(c: coop_mat16x16<f32, C>, t: u32, r: u32, sg: u32, lane: u32) {
+// Adds accumulator fragment `slot` into this lane's f32 sums through the subgroup's slice of
+// cs (lane l: token l / 2, rows 8 (l % 2) .. +7 of the fragment).
+fn drain(c: coop_mat16x16<f32, C>, slot: u32, sg: u32, lane: u32) {
     coopStoreT(c, &cs[sg * 256u], 16u);
     workgroupBarrier();
+    let at = sg * 256u + (lane / 2u) * 16u + (lane % 2u) * 8u;
+    fl[2u * slot] += vec4<f32>(cs[at], cs[at + 1u], cs[at + 2u], cs[at + 3u]);
+    fl[2u * slot + 1u] += vec4<f32>(cs[at + 4u], cs[at + 5u], cs[at + 6u], cs[at + 7u]);
+    workgroupBarrier();
+}
+
+// The f32 sums of fragment `slot` (tokens t..t+15, rows r..r+15) to y.
+fn emit(slot: u32, t: u32, r: u32, lane: u32) {
     let tt = t + lane / 2u;
     let rr = r + (lane % 2u) * 8u;
     if (tt < p.tokens) {
         let inv = sc[2u * tt + 1u];
         let base = tt * p.y_stride + p.row_offset;
-        let at = sg * 256u + (lane / 2u) * 16u + (lane % 2u) * 8u;
+        let v0 = fl[2u * slot];
+        let v1 = fl[2u * slot + 1u];
         for (var i = 0u; i < 8u; i++) {
             if (rr + i < p.rows) {
-                store_y(base + rr + i, cs[at + i] * inv);
+                store_y(base + rr + i, select(v1[i % 4u], v0[i % 4u], i < 4u) * inv);
             }
         }
     }
-    workgroupBarrier();
 }
 
 // The tile in f32 from global memory (weights beyond f16's range; see the header).
@@ -285,6 +299,25 @@ fn linear_coop(
         let al3_1 = coopLoadT<coop_mat16x16<f16, A>>(&xl[xo + 48u * SS + 4u], SS);
         c30 = coopMultiplyAdd(al3_1, b0_1, c30);
         c31 = coopMultiplyAdd(al3_1, b1_1, c31);
+        // Tensor-core accumulation truncates: sums of at most DRAIN steps (256 k) go to f32.
+        if (!more || (st + 1u) % DRAIN == 0u) {
+            drain(c00, 0u, sg, lane);
+            drain(c01, 1u, sg, lane);
+            drain(c10, 2u, sg, lane);
+            drain(c11, 3u, sg, lane);
+            drain(c20, 4u, sg, lane);
+            drain(c21, 5u, sg, lane);
+            drain(c30, 6u, sg, lane);
+            drain(c31, 7u, sg, lane);
+            c00 = coop_mat16x16<f32, C>();
+            c01 = coop_mat16x16<f32, C>();
+            c10 = coop_mat16x16<f32, C>();
+            c11 = coop_mat16x16<f32, C>();
+            c20 = coop_mat16x16<f32, C>();
+            c21 = coop_mat16x16<f32, C>();
+            c30 = coop_mat16x16<f32, C>();
+            c31 = coop_mat16x16<f32, C>();
+        }
         workgroupBarrier();
         if (more) {
             stage(0u, n, h, f, s);
@@ -298,12 +331,12 @@ fn linear_coop(
         exact_tile(r0, t0, lid);
         return;
     }
-    emit(c00, t0 + mg * 64u + 0u, r0 + ng * 32u + 0u, sg, lane);
-    emit(c01, t0 + mg * 64u + 0u, r0 + ng * 32u + 16u, sg, lane);
-    emit(c10, t0 + mg * 64u + 16u, r0 + ng * 32u + 0u, sg, lane);
-    emit(c11, t0 + mg * 64u + 16u, r0 + ng * 32u + 16u, sg, lane);
-    emit(c20, t0 + mg * 64u + 32u, r0 + ng * 32u + 0u, sg, lane);
-    emit(c21, t0 + mg * 64u + 32u, r0 + ng * 32u + 16u, sg, lane);
-    emit(c30, t0 + mg * 64u + 48u, r0 + ng * 32u + 0u, sg, lane);
-    emit(c31, t0 + mg * 64u + 48u, r0 + ng * 32u + 16u, sg, lane);
+    emit(0u, t0 + mg * 64u + 0u, r0 + ng * 32u + 0u, lane);
+    emit(1u, t0 + mg * 64u + 0u, r0 + ng * 32u + 16u, lane);
+    emit(2u, t0 + mg * 64u + 16u, r0 + ng * 32u + 0u, lane);
+    emit(3u, t0 + mg * 64u + 16u, r0 + ng * 32u + 16u, lane);
+    emit(4u, t0 + mg * 64u + 32u, r0 + ng * 32u + 0u, lane);
+    emit(5u, t0 + mg * 64u + 32u, r0 + ng * 32u + 16u, lane);
+    emit(6u, t0 + mg * 64u + 48u, r0 + ng * 32u + 0u, lane);
+    emit(7u, t0 + mg * 64u + 48u, r0 + ng * 32u + 16u, lane);
 }
