@@ -236,11 +236,11 @@ impl Model {
         let mut deferred = DeferredSelections::default();
 
         let mut enc = g.device.create_command_encoder(&Default::default());
-        // Dispatches share compute passes (a pass each costs the GPU ~4.6 us); every other
-        // command below ends the open pass first.
+        // Dispatches share compute passes (a pass each costs the GPU ~4.6 us); copies go
+        // through `Gpu::copy_buffer`, which ends the open one first.
         let _batch = g.batch_passes();
         if let Some(p) = prof.as_deref_mut() {
-            p.enter(&mut enc, Some("embed".into()));
+            p.enter(g, &mut enc, Some("embed".into()));
         }
         let mut carry_at = 0usize;
         embed(g, &mut enc, &self.embed, t, &ids, &stream[0], prof.as_deref_mut())?;
@@ -253,10 +253,7 @@ impl Model {
                 MixerWeights::Global(_) => "global",
             };
             if let Some(p) = prof.as_deref_mut() {
-                if p.is_spans() {
-                    g.end_pass();
-                }
-                p.enter(&mut enc, Some(format!("layer{l}.mixer.{kind}")));
+                p.enter(g, &mut enc, Some(format!("layer{l}.mixer.{kind}")));
             }
             let carry = &stream[carry_at];
             let mixed = &stream[(carry_at + 1) % 3];
@@ -269,8 +266,7 @@ impl Model {
             }
             let boundary = layer.res.is_some() && l % block == 0;
             if boundary {
-                g.end_pass();
-                enc.copy_buffer_to_buffer(carry, 0, &bank, (n_bank * td * 4) as u64, (td * 4) as u64);
+                g.copy_buffer(&mut enc, carry, 0, &bank, (n_bank * td * 4) as u64, (td * 4) as u64);
                 n_bank += 1;
             }
             match &layer.mixer {
@@ -308,10 +304,7 @@ impl Model {
             };
             attn_res_norm(g, &mut enc, t, d, eps, part_sources, query, &layer.post_attention_norm, &normed, &alpha, prof.as_deref_mut())?;
             if let Some(p) = prof.as_deref_mut() {
-                if p.is_spans() {
-                    g.end_pass();
-                }
-                p.enter(&mut enc, Some(format!("layer{l}.ffn.{}", match cfg.layers[l].ffn {
+                p.enter(g, &mut enc, Some(format!("layer{l}.ffn.{}", match cfg.layers[l].ffn {
                     crate::config::Ffn::Dense => "dense",
                     crate::config::Ffn::Moe => "moe",
                 })));
@@ -327,10 +320,7 @@ impl Model {
         }
         let carry = &stream[carry_at];
         if let Some(p) = prof.as_deref_mut() {
-            if p.is_spans() {
-                g.end_pass();
-            }
-            p.enter(&mut enc, Some("head".into()));
+            p.enter(g, &mut enc, Some("head".into()));
         }
         match &self.output_res {
             Some(q) => attn_res_norm(g, &mut enc, t, d, eps, sources(n_bank, carry, None), q.query(), &self.norm, &normed, &alpha, prof.as_deref_mut())?,
@@ -345,15 +335,13 @@ impl Model {
             normed
         } else {
             let last = g.scratch("last hidden", (d * 4) as u64);
-            g.end_pass();
-            enc.copy_buffer_to_buffer(&normed, ((t - 1) * d * 4) as u64, &last, 0, (d * 4) as u64);
+            g.copy_buffer(&mut enc, &normed, ((t - 1) * d * 4) as u64, &last, 0, (d * 4) as u64);
             last
         };
         let logits = g.scratch("logits", (rows * vocab * 4) as u64);
         linear(g, &mut enc, &self.lm_head, rows, &head_in, &logits, prof.as_deref_mut())?;
         if let Some(p) = prof.as_deref_mut() {
-            g.end_pass();
-            p.end_span(&mut enc);
+            p.end_span(g, &mut enc);
         }
         g.flush(&mut enc);
         let host_record_s = started.elapsed().as_secs_f64();

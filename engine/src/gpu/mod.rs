@@ -275,18 +275,31 @@ impl Gpu {
     /// Until the guard drops, the dispatches this thread records share one compute pass per
     /// encoder instead of a pass each: on an H200 a pass costs the GPU ~4.6 us by itself
     /// (benches/dispatch.rs: 6.7 us per dependent dispatch in its own pass, 2.1 us in one).
-    /// Meanwhile, whoever records anything but a dispatch into an encoder (a copy, a pass of
-    /// its own, `finish`) calls [`Gpu::end_pass`] first: the open pass locks its encoder.
-    /// Timestamped dispatches (a per-pass profiler) still get a pass each.
+    /// The open pass locks its encoder, so anything else recorded into it meanwhile goes
+    /// through [`Gpu::begin_pass`], [`Gpu::copy_buffer`] or [`Gpu::flush`], which end it first.
+    /// Timestamped dispatches (a per-pass profiler without in-pass stamps) get a pass each.
     pub fn batch_passes(&self) -> PassBatch<'_> {
         frame::with(self.id, |f| f.batching += 1);
         PassBatch { gpu: self }
     }
 
     /// Ends this thread's shared compute pass, if one is open (see [`Gpu::batch_passes`]).
-    pub fn end_pass(&self) {
+    fn end_pass(&self) {
         let open = frame::with(self.id, |f| f.open_pass.take());
         drop(open);
+    }
+
+    /// A compute pass of the caller's own on `enc` (ops that record several dispatches or
+    /// profiler marks themselves), after ending the shared one.
+    pub fn begin_pass<'e>(&self, enc: &'e mut wgpu::CommandEncoder, desc: &wgpu::ComputePassDescriptor<'_>) -> wgpu::ComputePass<'e> {
+        self.end_pass();
+        enc.begin_compute_pass(desc)
+    }
+
+    /// `enc.copy_buffer_to_buffer`, after ending the shared compute pass.
+    pub fn copy_buffer(&self, enc: &mut wgpu::CommandEncoder, src: &wgpu::Buffer, src_offset: u64, dst: &wgpu::Buffer, dst_offset: u64, bytes: u64) {
+        self.end_pass();
+        enc.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, bytes);
     }
 
     /// Submits what `enc` holds and leaves a fresh encoder in its place (to hand recorded work
@@ -462,8 +475,7 @@ impl Gpu {
             return Ok(());
         }
         let timestamp_writes = profiler.and_then(|p| p.pass(kernel.profile_label()));
-        self.end_pass();
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+        let mut pass = self.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);

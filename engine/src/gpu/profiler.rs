@@ -72,23 +72,23 @@ impl Profiler {
     }
 
     /// Attributes the next passes to `scope`; in span mode also marks the boundary in `enc`.
-    pub fn enter(&mut self, enc: &mut wgpu::CommandEncoder, scope: Option<String>) {
+    pub fn enter(&mut self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, scope: Option<String>) {
         if self.spans {
-            self.mark(enc, scope.clone().unwrap_or_default());
+            self.mark(gpu, enc, scope.clone().unwrap_or_default());
         }
         self.scope = scope;
     }
 
     /// Span mode: marks the end of the last span (nothing otherwise).
-    pub fn end_span(&mut self, enc: &mut wgpu::CommandEncoder) {
+    pub fn end_span(&mut self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder) {
         if self.spans {
-            self.mark(enc, String::new());
+            self.mark(gpu, enc, String::new());
         }
     }
 
     /// An empty pass whose end-of-pass stamp closes the open span and starts `label`'s
     /// (empty: none).
-    fn mark(&mut self, enc: &mut wgpu::CommandEncoder, label: String) {
+    fn mark(&mut self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, label: String) {
         let Some((set, _)) = self.queries.as_ref() else { return };
         let i = self.pending.len() as u32;
         if i >= 2 * self.capacity {
@@ -97,7 +97,7 @@ impl Profiler {
         }
         self.pending.push(label);
         let ts = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: None, end_of_pass_write_index: Some(i) };
-        drop(enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("span mark"), timestamp_writes: Some(ts) }));
+        drop(gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("span mark"), timestamp_writes: Some(ts) }));
     }
 
     /// Timestamp writes for the next pass, attributed to `label`.

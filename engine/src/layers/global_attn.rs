@@ -366,11 +366,10 @@ impl GlobalAttn {
                 return;
             }
             let (a, b) = ((t0 * row * 4) as u64, (n * row * 4) as u64);
-            gpu.end_pass();
             if back {
-                enc.copy_buffer_to_buffer(src, 0, dst, a, b);
+                gpu.copy_buffer(enc, src, 0, dst, a, b);
             } else {
-                enc.copy_buffer_to_buffer(src, a, dst, 0, b);
+                gpu.copy_buffer(enc, src, a, dst, 0, b);
             }
         };
         let mut t0 = 0;
@@ -413,9 +412,8 @@ impl GlobalAttn {
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 });
-                gpu.end_pass();
-                enc.copy_buffer_to_buffer(&sel, 0, &staging, 0, bytes);
-                enc.copy_buffer_to_buffer(&sel_score, 0, &staging, bytes, bytes);
+                gpu.copy_buffer(&mut enc, &sel, 0, &staging, 0, bytes);
+                gpu.copy_buffer(&mut enc, &sel_score, 0, &staging, bytes, bytes);
                 let holder = match opts.deferred.as_deref_mut() {
                     Some(d) => d,
                     None => &mut own,

@@ -212,11 +212,9 @@ impl KdaLayer {
         while at < t_len {
             let n = piece.min(t_len - at);
             let (off, bytes) = ((at * d * 4) as u64, (n * d * 4) as u64);
-            gpu.end_pass();
-            enc.copy_buffer_to_buffer(x, off, &xs, 0, bytes);
+            gpu.copy_buffer(enc, x, off, &xs, 0, bytes);
             self.forward_piece(gpu, enc, &xs, n, st, &os, prof.as_deref_mut())?;
-            gpu.end_pass();
-            enc.copy_buffer_to_buffer(&os, 0, out, off, bytes);
+            gpu.copy_buffer(enc, &os, 0, out, off, bytes);
             at += n;
         }
         Ok(())

@@ -35,8 +35,7 @@ pub fn copy(
         ],
     });
     let timestamp_writes = profiler.and_then(|p| p.pass(COPY_VEC4.name));
-    gpu.end_pass();
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(COPY_VEC4.name), timestamp_writes });
+    let mut pass = gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some(COPY_VEC4.name), timestamp_writes });
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind, &[]);
     // Enough workgroups to saturate memory; each thread strides over the rest.

@@ -669,8 +669,7 @@ fn topk_impl(
         let mut profiler = profiler;
         for ((pipeline, bind, gx), (kernel, _, _)) in prepared.iter().zip(&steps) {
             let timestamp_writes = profiler.as_deref_mut().and_then(|p| p.pass(kernel.name));
-            gpu.end_pass();
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
+            let mut pass = gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some(kernel.name), timestamp_writes });
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, bind, &[]);
             pass.dispatch_workgroups(*gx, ry, rz);
@@ -678,8 +677,7 @@ fn topk_impl(
         return Ok(());
     }
     let timestamp_writes = profiler.and_then(|p| p.pass("topk"));
-    gpu.end_pass();
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("topk"), timestamp_writes });
+    let mut pass = gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("topk"), timestamp_writes });
     for (pipeline, bind, gx) in &prepared {
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
@@ -704,8 +702,7 @@ pub fn topk_probe(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, n: usize, profiler:
     let pipeline = gpu.pipelines.get(gpu, &TOPK_NOOP)?;
     let bind = make_bind(gpu, &pipeline, &TOPK_NOOP, &[(0, &u), (3, st)]);
     let timestamp_writes = profiler.and_then(|p| p.pass("topk probe"));
-    gpu.end_pass();
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("topk probe"), timestamp_writes });
+    let mut pass = gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("topk probe"), timestamp_writes });
     pass.set_pipeline(&pipeline);
     pass.set_bind_group(0, &bind, &[]);
     for _ in 0..n {

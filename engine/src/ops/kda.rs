@@ -598,8 +598,7 @@ pub fn decode_one_pass(
         }));
     }
     let (gx, gy) = gpu.grid(decode_groups(geom, cols));
-    gpu.end_pass();
-    let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("kda_decode x layers"), timestamp_writes });
+    let mut pass = gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("kda_decode x layers"), timestamp_writes });
     pass.set_pipeline(&pipeline);
     for b in &binds {
         pass.set_bind_group(0, b, &[]);
