@@ -33,10 +33,22 @@ struct MultiParams {
 
 // One body per entry (a renamed copy of the include each): a switch on the entry for every
 // load cost ~8 % of the KDA and dense layers' GEMV time on an H200.
-#include "lib/gemv_multi_rows.wgsl" MW=mw0 MY=my0 entry_rows=entry_rows0
-#include "lib/gemv_multi_rows.wgsl" MW=mw1 MY=my1 entry_rows=entry_rows1
-#include "lib/gemv_multi_rows.wgsl" MW=mw2 MY=my2 entry_rows=entry_rows2
-#include "lib/gemv_multi_rows.wgsl" MW=mw3 MY=my3 entry_rows=entry_rows3
+fn store0(i: u32, v: f32) {
+    my0[i] = v;
+}
+fn store1(i: u32, v: f32) {
+    my1[i] = v;
+}
+fn store2(i: u32, v: f32) {
+    my2[i] = v;
+}
+fn store3(i: u32, v: f32) {
+    my3[i] = v;
+}
+#include "lib/gemv_multi_rows.wgsl" MW=mw0 STORE=store0 entry_rows=entry_rows0
+#include "lib/gemv_multi_rows.wgsl" MW=mw1 STORE=store1 entry_rows=entry_rows1
+#include "lib/gemv_multi_rows.wgsl" MW=mw2 STORE=store2 entry_rows=entry_rows2
+#include "lib/gemv_multi_rows.wgsl" MW=mw3 STORE=store3 entry_rows=entry_rows3
 
 @compute @workgroup_size(256)
 fn gemv_bf16_sg_multi(

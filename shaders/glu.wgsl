@@ -1,7 +1,5 @@
-// Gated activation of an MLP (spec 2.4): out[i] = act(gate[i], up[i]) elementwise, f32.
-//   SiTU (act = 0): beta tanh(g / beta) sigmoid(g) * (linear_beta tanh(u / linear_beta), or u
-//                   when linear_beta <= 0)
-//   SiLU (act = 1): g sigmoid(g) u
+// Gated activation of an MLP (spec 2.4): out[i] = glu_act(gate[i], up[i]) elementwise, f32
+// (lib/activation.wgsl: SiTU for act = 0, SiLU for act = 1).
 // Preconditions (host-checked): gate, up, out hold n f32.
 
 struct GluParams {
@@ -24,16 +22,5 @@ fn glu(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) n
     if (i >= p.n) {
         return;
     }
-    let g = gate[i];
-    let u = up[i];
-    let sg = sigmoid(g);
-    if (p.act == 1u) {
-        out[i] = g * sg * u;
-        return;
-    }
-    var u2 = u;
-    if (p.linear_beta > 0.0) {
-        u2 = p.linear_beta * tanh_f(u / p.linear_beta);
-    }
-    out[i] = p.beta * tanh_f(g / p.beta) * sg * u2;
+    out[i] = glu_act(gate[i], up[i], p.act, p.beta, p.linear_beta);
 }

@@ -3,6 +3,9 @@
 //   sum of the top-2 b in the group, keep topk_group groups, others -inf); idx = top_k of b
 //   in rank order (ties toward the lower expert id); wts = s[idx], renormalised when
 //   `renormalize` (and top_k > 1), times `scaling`.
+// Workgroups past the tokens compute glu_out = glu_act(gate, up) for glu_n elements (the
+// shared experts' gated activation, which reads the same projection pass as the router: one
+// dependent dispatch less per MoE layer); glu_n = 0 binds placeholders.
 // Preconditions (host-checked): experts <= MAX_E; experts % n_group == 0; top_k <= experts.
 // logits: [tokens, experts] f32; bias: [experts] f32; idx: [tokens, top_k] u32; wts: same f32.
 
@@ -14,6 +17,10 @@ struct RouterParams {
     topk_group: u32,
     renormalize: u32,
     scaling: f32,
+    glu_n: u32,
+    act: u32,
+    beta: f32,
+    linear_beta: f32,
     _pad: u32,
 }
 
@@ -22,6 +29,11 @@ struct RouterParams {
 @group(0) @binding(2) var<storage, read> bias: array<f32>;
 @group(0) @binding(3) var<storage, read_write> idx: array<u32>;
 @group(0) @binding(4) var<storage, read_write> wts: array<f32>;
+@group(0) @binding(5) var<storage, read> glu_gate: array<f32>;
+@group(0) @binding(6) var<storage, read> glu_up: array<f32>;
+@group(0) @binding(7) var<storage, read_write> glu_out: array<f32>;
+
+#include "lib/activation.wgsl"
 
 const WG: u32 = 256u;
 const MAX_E: u32 = 1024u;
@@ -89,11 +101,15 @@ fn argmax(lid: u32, n: u32, stride: u32, use_group: bool) -> u32 {
 fn router_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wg.x + wg.y * nwg.x;
     if (t >= p.tokens) {
+        let i = (t - p.tokens) * WG + lid;
+        if (i < p.glu_n) {
+            glu_out[i] = glu_act(glu_gate[i], glu_up[i], p.act, p.beta, p.linear_beta);
+        }
         return;
     }
     let n = p.experts;
     for (var i = lid; i < n; i += WG) {
-        let s = 1.0 / (1.0 + exp(-logits[t * n + i]));
+        let s = sigmoid(logits[t * n + i]);
         score[i] = s;
         key[i] = s + bias[i];
         taken[i] = 0u;

@@ -70,27 +70,43 @@ fn router_cfg(groups: usize, topk_group: usize, scaling: f32) -> RouterConfig {
     RouterConfig { num_expert_group: groups, topk_group, renormalize: true, routed_scaling_factor: scaling }
 }
 
-fn gpu_route(gpu: &Gpu, cfg: &RouterConfig, t: usize, e: usize, k: usize, logits: &[f32], bias: &[f32]) -> (Vec<u32>, Vec<f32>) {
+/// Routes on the GPU; with `glu_n` > 0 the same dispatch also computes a SiTU GLU of that many
+/// random values, checked here against the reference.
+fn gpu_route(gpu: &Gpu, cfg: &RouterConfig, t: usize, e: usize, k: usize, logits: &[f32], bias: &[f32], glu_n: usize) -> (Vec<u32>, Vec<f32>) {
     let lb = gpu.storage_from("logits", logits);
     let bb = gpu.storage_from("bias", bias);
     let idx = gpu.storage("idx", (t * k * 4) as u64);
     let wts = gpu.storage("wts", (t * k * 4) as u64);
-    run(gpu, |enc| router::router_select(gpu, enc, cfg, t, e, k, &lb, &bb, &idx, &wts, None).unwrap());
+    let g: Vec<f32> = support::random_vec(41, glu_n.max(1)).iter().map(|v| v * 30.0).collect();
+    let u: Vec<f32> = support::random_vec(42, glu_n.max(1)).iter().map(|v| v * 60.0).collect();
+    let (gb, ub, ab) = (gpu.storage_from("g", &g), gpu.storage_from("u", &u), gpu.storage("a", (glu_n.max(1) * 4) as u64));
+    let glu = (glu_n > 0).then(|| router::GluJob { act: SITU, n: glu_n, gate: &gb, up: &ub, out: &ab });
+    run(gpu, |enc| router::router_select_with_glu(gpu, enc, cfg, t, e, k, &lb, &bb, &idx, &wts, glu, None).unwrap());
+    if glu_n > 0 {
+        let got: Vec<f32> = gpu.read(&ab, glu_n).unwrap();
+        let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| reference::moe::glu(SITU, a as f64, b as f64) as f32).collect();
+        assert!(rel_l2(&got, &want) < 1e-6, "GLU of {glu_n} in the router dispatch");
+    }
     (gpu.read(&idx, t * k).unwrap(), gpu.read(&wts, t * k).unwrap())
 }
 
 #[test]
 fn router_matches_reference_with_and_without_groups() {
     let Some(gpu) = support::gpu() else { return };
-    for (t, e, k, groups, tg, scaling) in
-        [(1, 16, 4, 1, 1, 1.0), (17, 33, 5, 1, 1, 2.446), (5, 64, 8, 8, 3, 1.0), (3, 127, 1, 1, 1, 1.0), (2, 896, 16, 1, 1, 2.5), (2, 1000, 64, 8, 4, 1.0)]
-    {
+    for (t, e, k, groups, tg, scaling, glu_n) in [
+        (1, 16, 4, 1, 1, 1.0, 0),
+        (17, 33, 5, 1, 1, 2.446, 1),
+        (5, 64, 8, 8, 3, 1.0, 0),
+        (3, 127, 1, 1, 1, 1.0, 257),
+        (2, 896, 16, 1, 1, 2.5, 2 * 6144 + 3),
+        (2, 1000, 64, 8, 4, 1.0, 0),
+    ] {
         let cfg = router_cfg(groups, tg, scaling);
         let mut logits = support::random_vec(t as u64, t * e).iter().map(|v| v * 4.0).collect::<Vec<_>>();
         // Exact ties: the lower index must win.
         logits[1] = logits[0];
         let bias: Vec<f32> = support::random_vec(99, e).iter().map(|v| v * 0.05).collect();
-        let (idx, wts) = gpu_route(&gpu, &cfg, t, e, k, &logits, &bias);
+        let (idx, wts) = gpu_route(&gpu, &cfg, t, e, k, &logits, &bias, glu_n);
         for r in 0..t {
             let (ri, rw) = reference::moe::route(&cfg, &logits[r * e..(r + 1) * e], &bias, k);
             assert_eq!(&idx[r * k..(r + 1) * k], &ri[..], "token {r} of ({t}, {e}, {k}, groups {groups})");
@@ -424,6 +440,40 @@ fn gemv_many_matches_reference() {
         let want = reference::gemv::gemv(&ws[i], rows, cols, &x);
         assert!(support::nmse(&got, &want) < 1e-10, "matrix {i} [{rows}, {cols}]: nmse {}", support::nmse(&got, &want));
     }
+}
+
+/// The normed-input GEMV (decode's latent RMSNorm + up-projection in one dispatch) equals the
+/// reference norm then GEMV: ragged rows, a chunked matrix, widths from 8 to the 4096 limit,
+/// inputs far from unit scale, writing and accumulating; wider inputs are refused.
+#[test]
+fn gemv_normed_matches_norm_then_gemv() {
+    let Some(gpu) = support::gpu() else { return };
+    if !gpu.caps.subgroups {
+        return;
+    }
+    for (rows, cols, scale, chunk_rows) in [(1usize, 8usize, 1.0f32, None), (37, 264, 300.0, None), (301, 1000, 1e-3, Some(64usize)), (19, 4096, 1.0, None)] {
+        let x: Vec<f32> = support::random_vec(cols as u64, cols).iter().map(|v| v * scale).collect();
+        let gamma = bf16_round(&support::random_vec(7, cols));
+        let w = bf16_round(&support::random_vec(8, rows * cols));
+        let tensor = GpuTensor::upload(&gpu, "w", DType::BF16, &[rows, cols], &bf16_bytes(&w), chunk_rows.map(|r| (r * cols * 2) as u64)).expect("upload");
+        let normed = reference::norm::rms_norm(&x, 1, cols, &gamma, 1e-6);
+        let want = reference::gemv::gemv(&w, rows, cols, &normed);
+        let (xb, gb) = (gpu.storage_from("x", &x), gpu.storage_from("gamma", &bf16_bytes(&gamma)));
+        let base = support::random_vec(9, rows);
+        for accumulate in [false, true] {
+            let y = gpu.storage_from("y", &base);
+            run(&gpu, |enc| gemv::gemv_normed(&gpu, enc, &tensor, &xb, &gb, 1e-6, &y, accumulate, None).unwrap());
+            let got: Vec<f32> = gpu.read(&y, rows).unwrap();
+            let want: Vec<f32> = want.iter().zip(&base).map(|(&v, &b)| if accumulate { v + b } else { v }).collect();
+            let err = rel_l2(&got, &want);
+            assert!(err < 1e-5, "[{rows}, {cols}] x{scale} accumulate {accumulate}: rel L2 {err}");
+        }
+    }
+    let wide = GpuTensor::upload(&gpu, "w", DType::BF16, &[2, 4104], &vec![0u8; 2 * 4104 * 2], None).expect("upload");
+    let (x, g, y) = (gpu.storage("x", 4104 * 4), gpu.storage("g", 4104 * 2), gpu.storage("y", 8));
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let err = gemv::gemv_normed(&gpu, &mut enc, &wide, &x, &g, 1e-6, &y, false, None).unwrap_err();
+    assert!(err.to_string().contains("4096"), "{err}");
 }
 
 #[test]

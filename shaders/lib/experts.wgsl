@@ -41,14 +41,7 @@ fn e8m0(s: u32) -> f32 {
 
 // SiTU-GLU (act = 0) or SiLU-GLU (act = 1) of one (gate, up) pair.
 fn glu(g: f32, u: f32) -> f32 {
-    if (p.act == 1u) {
-        return g * sigmoid(g) * u;
-    }
-    var up = u;
-    if (p.linear_beta > 0.0) {
-        up = p.linear_beta * tanh_f(u / p.linear_beta);
-    }
-    return p.beta * tanh_f(g / p.beta) * sigmoid(g) * up;
+    return glu_act(g, u, p.act, p.beta, p.linear_beta);
 }
 
 // Writes one element of the layer output, or adds it (accumulate).

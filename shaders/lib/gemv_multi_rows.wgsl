@@ -1,7 +1,9 @@
-// Rows [first, first + RPW) of one gemv_multi entry (weights MW, output MY from row `at`),
+// Rows [first, first + RPW) of one gemv_multi entry (weights MW, outputs through STORE from
+// row `at`, activations mx4, params mp),
 // the subgroup scheme of gemv_sg.wgsl: RS rows per subgroup pass, two 16-byte units per lane
 // step with every load issued before the arithmetic, row totals by subgroupAdd. Included
-// once per entry with MW, MY and entry_rows renamed.
+// once per entry with MW, STORE and entry_rows renamed (gemv_norm.wgsl also renames mx4 and
+// mp: its activations sit in workgroup memory).
 fn entry_rows(first: u32, rows: u32, at: u32, lane: u32, sgs: u32, sg: u32, nsg: u32) {
     let units = mp.cols / 8u;
     for (var r0 = sg * RS; r0 < RPW; r0 += nsg * RS) {
@@ -38,7 +40,7 @@ fn entry_rows(first: u32, rows: u32, at: u32, lane: u32, sgs: u32, sg: u32, nsg:
         for (var i = 0u; i < RS; i++) {
             let total = subgroupAdd(acc[i]);
             if (lane == 0u && row0 + i < rows) {
-                MY[at + row0 + i] = total;
+                STORE(at + row0 + i, total);
             }
         }
     }

@@ -94,9 +94,37 @@ impl GluMlp {
         accumulate: bool,
         mut prof: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
-        let inner = self.gate.rows();
-        let a = gpu.scratch("mlp act", (tokens * inner * 4) as u64);
-        glu(gpu, enc, self.act, tokens * inner, g, u, &a, prof.as_deref_mut())?;
-        linear_into(gpu, enc, &self.down, tokens, &a, out, accumulate, prof)
+        let a = self.act_buffer(gpu, tokens);
+        glu(gpu, enc, self.act, tokens * self.inner(), g, u, &a, prof.as_deref_mut())?;
+        self.down_into(gpu, enc, &a, tokens, out, accumulate, prof)
+    }
+
+    /// Width of the gated activation.
+    pub fn inner(&self) -> usize {
+        self.gate.rows()
+    }
+
+    pub fn activation(&self) -> Activation {
+        self.act
+    }
+
+    /// Scratch for the gated activation of `tokens` tokens.
+    pub fn act_buffer(&self, gpu: &Gpu, tokens: usize) -> wgpu::Buffer {
+        gpu.scratch("mlp act", (tokens * self.inner() * 4) as u64)
+    }
+
+    /// out = down(a) from the gated activation a [T, inner], or out += it (`accumulate`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn down_into(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
+        a: &wgpu::Buffer,
+        tokens: usize,
+        out: &wgpu::Buffer,
+        accumulate: bool,
+        prof: Option<&mut Profiler>,
+    ) -> Result<(), GpuError> {
+        linear_into(gpu, enc, &self.down, tokens, a, out, accumulate, prof)
     }
 }

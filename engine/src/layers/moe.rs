@@ -9,7 +9,7 @@ use crate::config::{Activation, ExpertFormat, ModelConfig};
 use crate::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::layout::DType;
-use crate::ops::{linear::{linear_into, linear_many}, moe, norm::rms_norm, router::router_select};
+use crate::ops::{gemv, linear::{linear_into, linear_many}, moe, norm::rms_norm, router::{router_select_with_glu, GluJob}};
 
 struct Latent {
     down: GpuTensor,
@@ -125,7 +125,13 @@ impl MoeBlock {
             from_x.extend(s.projections(g, u));
         }
         linear_many(gpu, enc, &from_x, t, x, prof.as_deref_mut())?;
-        router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, prof.as_deref_mut())?;
+        // The shared experts' activation runs in the router's dispatch (both read that pass).
+        let shared_act = self.shared.as_ref().map(|s| s.act_buffer(gpu, t));
+        let glu = match (&self.shared, &shared_gu, &shared_act) {
+            (Some(s), Some((g, u)), Some(a)) => Some(GluJob { act: s.activation(), n: t * s.inner(), gate: g, up: u, out: a }),
+            _ => None,
+        };
+        router_select_with_glu(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, glu, prof.as_deref_mut())?;
         let z = match &z_owned {
             Some(z) => z,
             None => x,
@@ -142,20 +148,22 @@ impl MoeBlock {
             moe::experts_grouped(gpu, enc, &self.store, &call, z, &idx, &wts, &scratch, y, prof.as_deref_mut())?;
         }
         if let Some(l) = &self.latent {
-            let normed_owned;
-            let normed = match &l.norm {
-                Some(w) => {
-                    normed_owned = buf("latent normed", t * n_in);
-                    rms_norm(gpu, enc, t, n_in, self.eps, y, w, &normed_owned, prof.as_deref_mut())?;
-                    &normed_owned
+            match &l.norm {
+                // Decode: the norm inside the up-projection's dispatch.
+                Some(w) if t == 1 && gemv::normed_fits(gpu, &l.up) => {
+                    gemv::gemv_normed(gpu, enc, &l.up, y, w, self.eps, out, accumulate, prof.as_deref_mut())?;
                 }
-                None => y,
-            };
-            linear_into(gpu, enc, &l.up, t, normed, out, accumulate, prof.as_deref_mut())?;
+                Some(w) => {
+                    let normed = buf("latent normed", t * n_in);
+                    rms_norm(gpu, enc, t, n_in, self.eps, y, w, &normed, prof.as_deref_mut())?;
+                    linear_into(gpu, enc, &l.up, t, &normed, out, accumulate, prof.as_deref_mut())?;
+                }
+                None => linear_into(gpu, enc, &l.up, t, y, out, accumulate, prof.as_deref_mut())?,
+            }
         }
         // The shared experts sum into the routed output in place.
-        match (&self.shared, &shared_gu) {
-            (Some(s), Some((g, u))) => s.finish(gpu, enc, g, u, t, out, true, prof),
+        match (&self.shared, &shared_act) {
+            (Some(s), Some(a)) => s.down_into(gpu, enc, a, t, out, true, prof),
             _ => Ok(()),
         }
     }

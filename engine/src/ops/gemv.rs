@@ -10,6 +10,11 @@ shader_params!(
 );
 
 shader_params!(
+    /// Mirrors `NormGemvParams` in shaders/gemv_norm.wgsl.
+    NormGemvParams in "gemv_norm" { rows: u32, cols: u32, row_offset: u32, accumulate: u32, eps: f32, _pad0: u32, _pad1: u32, _pad2: u32 }
+);
+
+shader_params!(
     /// Mirrors `MultiParams` in shaders/gemv_multi.wgsl.
     MultiParams in "gemv_multi" { cols: u32, _pad0: u32, _pad1: u32, _pad2: u32, start: [u32; 4], rows: [u32; 4], row_offset: [u32; 4] }
 );
@@ -46,6 +51,14 @@ pub const GEMV_BF16_MULTI: Kernel = Kernel::new("gemv_bf16_multi", "gemv_multi",
     .unchecked()
     .profile_as("gemv_bf16");
 const MULTI_RPW: usize = 16;
+/// An RMS-normed input's GEMV (gemv_norm.wgsl): the norm and the product in one dispatch.
+pub const GEMV_BF16_NORMED: Kernel = Kernel::new("gemv_bf16_normed", "gemv_norm", "gemv_bf16_sg_normed")
+    .with_constants(&[("RS", 2.0), ("RPW", 16.0)])
+    .subgroups()
+    .unchecked()
+    .profile_as("gemv_bf16");
+/// Widest input the normed GEMV stages in workgroup memory (MAX_XV vec4 in the shader).
+const NORMED_MAX_COLS: usize = 4096;
 const MULTI_ENTRIES: usize = 4;
 pub const KERNELS: &[Kernel] = &[
     GEMV_BF16,
@@ -60,6 +73,7 @@ pub const KERNELS: &[Kernel] = &[
     GEMV_BF16_SG_CS2,
     GEMV_BF16_SG_CS4,
     GEMV_BF16_MULTI,
+    GEMV_BF16_NORMED,
 ];
 /// Every bf16 fast-path variant (cols % 8 == 0), for tests and benches.
 pub const FAST_VARIANTS: &[Kernel] =
@@ -182,6 +196,57 @@ pub fn gemv_many(
             bufs.push((6 + e as u32, &placeholders[2 * e + 1]));
         }
         gpu.dispatch(enc, &GEMV_BF16_MULTI, &p, &bufs, (blocks as u32, 1), profiler.as_deref_mut())?;
+    }
+    Ok(())
+}
+
+/// Whether [`gemv_normed`] runs here for W (bf16, cols % 8 == 0 and at most 4096).
+pub fn normed_fits(gpu: &Gpu, w: &GpuTensor) -> bool {
+    gpu.caps.subgroups && w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1].is_multiple_of(8) && w.shape[1] <= NORMED_MAX_COLS
+}
+
+/// `y = W RMSNorm(x; gamma, eps)` for one token (x [cols] f32, gamma [cols] bf16), or y += it
+/// (`accumulate`): the norm is computed by every workgroup, so it costs no dispatch of its own.
+#[allow(clippy::too_many_arguments)]
+pub fn gemv_normed(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    w: &GpuTensor,
+    x: &wgpu::Buffer,
+    gamma: &wgpu::Buffer,
+    eps: f32,
+    y: &wgpu::Buffer,
+    accumulate: bool,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    if !normed_fits(gpu, w) {
+        return Err(GpuError::Shape(format!(
+            "gemv_normed: {} ({} {:?}) needs bf16 with a multiple of 8 columns up to {NORMED_MAX_COLS} and subgroups",
+            w.label,
+            w.dtype.name(),
+            w.shape
+        )));
+    }
+    let cols = w.shape[1];
+    if x.size() < (cols * 4) as u64 || gamma.size() < (cols * 2) as u64 || y.size() < (w.rows() * 4) as u64 {
+        return Err(GpuError::Shape(format!(
+            "gemv_normed: {} [{}, {cols}] needs x of {cols} f32, gamma of {cols} bf16 and y of {} f32 values",
+            w.label,
+            w.rows(),
+            w.rows()
+        )));
+    }
+    for chunk in w.chunks.iter().filter(|c| c.rows > 0) {
+        let params = NormGemvParams {
+            rows: chunk.rows as u32,
+            cols: cols as u32,
+            row_offset: chunk.first_row as u32,
+            accumulate: accumulate as u32,
+            eps,
+            ..Default::default()
+        };
+        let bufs = [(1, x), (2, &chunk.buffer), (3, y), (4, gamma)];
+        gpu.dispatch(enc, &GEMV_BF16_NORMED, &params, &bufs, ((chunk.rows as u32).div_ceil(MULTI_RPW as u32), 1), profiler.as_deref_mut())?;
     }
     Ok(())
 }

@@ -59,9 +59,15 @@ pub fn glu(
     if gate.size() < bytes || up.size() < bytes || out.size() < bytes {
         return Err(GpuError::Shape(format!("glu: buffers too small for {n} values")));
     }
-    let p = match act {
-        Activation::Situ { beta, linear_beta } => GluParams { n: n as u32, act: 0, beta, linear_beta: linear_beta.unwrap_or(0.0) },
-        Activation::Silu => GluParams { n: n as u32, act: 1, beta: 0.0, linear_beta: 0.0 },
-    };
+    let (code, beta, linear_beta) = glu_code(act);
+    let p = GluParams { n: n as u32, act: code, beta, linear_beta };
     dispatch(gpu, enc, &GLU, &p, &[(1, gate), (2, up), (3, out)], ((n as u32).div_ceil(256), 1), profiler)
+}
+
+/// `glu_act`'s (act, beta, linear_beta) arguments (lib/activation.wgsl) for `act`.
+pub fn glu_code(act: Activation) -> (u32, f32, f32) {
+    match act {
+        Activation::Situ { beta, linear_beta } => (0, beta, linear_beta.unwrap_or(0.0)),
+        Activation::Silu => (1, 0.0, 0.0),
+    }
 }

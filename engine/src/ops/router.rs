@@ -2,14 +2,15 @@
 
 use super::moe::dispatch;
 use super::shader_params;
-use crate::config::RouterConfig;
+use super::norm::glu_code;
+use crate::config::{Activation, RouterConfig};
 use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
 
 shader_params!(
     /// Mirrors `RouterParams` in shaders/router.wgsl.
     RouterParams in "router" {
         tokens: u32, experts: u32, top_k: u32, n_group: u32, topk_group: u32, renormalize: u32,
-        scaling: f32, _pad: u32,
+        scaling: f32, glu_n: u32, act: u32, beta: f32, linear_beta: f32, _pad: u32,
     }
 );
 
@@ -17,6 +18,15 @@ pub const ROUTER_SELECT: Kernel = Kernel::new("router_select", "router", "router
 pub const KERNELS: &[Kernel] = &[ROUTER_SELECT];
 /// Most experts one router workgroup holds (MAX_E in the shader).
 pub const MAX_EXPERTS: usize = 1024;
+
+/// A gated activation for the router's dispatch to compute alongside: out [n] = act(gate, up).
+pub struct GluJob<'a> {
+    pub act: Activation,
+    pub n: usize,
+    pub gate: &'a wgpu::Buffer,
+    pub up: &'a wgpu::Buffer,
+    pub out: &'a wgpu::Buffer,
+}
 
 /// idx/wts [T, top_k] from logits [T, experts] and the selection bias [experts].
 #[allow(clippy::too_many_arguments)]
@@ -33,6 +43,26 @@ pub fn router_select(
     wts: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    router_select_with_glu(gpu, enc, cfg, tokens, experts, top_k, logits, bias, idx, wts, None, profiler)
+}
+
+/// [`router_select`], with `glu` (the shared experts' activation, which reads the same
+/// projection pass) computed by extra workgroups of the same dispatch.
+#[allow(clippy::too_many_arguments)]
+pub fn router_select_with_glu(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    cfg: &RouterConfig,
+    tokens: usize,
+    experts: usize,
+    top_k: usize,
+    logits: &wgpu::Buffer,
+    bias: &wgpu::Buffer,
+    idx: &wgpu::Buffer,
+    wts: &wgpu::Buffer,
+    glu: Option<GluJob<'_>>,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
     let groups = cfg.num_expert_group.max(1);
     let limited = groups > 1 && cfg.topk_group < groups;
     if experts == 0 || experts > MAX_EXPERTS || top_k == 0 || top_k > experts || top_k > 64 || !experts.is_multiple_of(groups) {
@@ -46,7 +76,7 @@ pub fn router_select(
     if logits.size() < (tokens * experts * 4) as u64 || bias.size() < (experts * 4) as u64 || idx.size() < (tokens * top_k * 4) as u64 || wts.size() < (tokens * top_k * 4) as u64 {
         return Err(GpuError::Shape(format!("router: buffers too small for {tokens} tokens x {experts} experts, top_k {top_k}")));
     }
-    let p = RouterParams {
+    let mut p = RouterParams {
         tokens: tokens as u32,
         experts: experts as u32,
         top_k: top_k as u32,
@@ -54,7 +84,25 @@ pub fn router_select(
         topk_group: cfg.topk_group as u32,
         renormalize: cfg.renormalize as u32,
         scaling: cfg.routed_scaling_factor,
-        _pad: 0,
+        ..Default::default()
     };
-    dispatch(gpu, enc, &ROUTER_SELECT, &p, &[(1, logits), (2, bias), (3, idx), (4, wts)], (tokens as u32, 1), profiler)
+    let placeholders;
+    let (gate, up, out) = match &glu {
+        Some(j) => {
+            let bytes = (j.n * 4) as u64;
+            if j.gate.size() < bytes || j.up.size() < bytes || j.out.size() < bytes {
+                return Err(GpuError::Shape(format!("router: GLU buffers too small for {} values", j.n)));
+            }
+            (p.act, p.beta, p.linear_beta) = glu_code(j.act);
+            p.glu_n = j.n as u32;
+            (j.gate, j.up, j.out)
+        }
+        None => {
+            placeholders = [gpu.scratch("router glu gate", 16), gpu.scratch("router glu up", 16), gpu.scratch("router glu out", 16)];
+            (&placeholders[0], &placeholders[1], &placeholders[2])
+        }
+    };
+    let glu_groups = p.glu_n.div_ceil(256);
+    let bufs = [(1, logits), (2, bias), (3, idx), (4, wts), (5, gate), (6, up), (7, out)];
+    dispatch(gpu, enc, &ROUTER_SELECT, &p, &bufs, (tokens as u32 + glu_groups, 1), profiler)
 }

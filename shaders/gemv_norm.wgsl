@@ -1,0 +1,83 @@
+// bf16 GEMV of an RMS-normed input: y (+)= W (x * rsqrt(mean(x^2) + eps) * gamma), gamma bf16.
+// Decode's LatentMoE runs its latent RMSNorm and up-projection as this one dispatch: the
+// separate norm cost a dependent dispatch plus a ~7 us body per layer on an H200. Every
+// workgroup normalises x itself into workgroup memory (cols <= 4 * MAX_XV and cols % 8 == 0,
+// host-checked; 14 KB of reads per workgroup at the K3.1 latent width), then runs the rows of
+// gemv_multi (RS rows per subgroup pass, RPW rows per workgroup) on it.
+// Grid: ceil(rows / RPW) workgroups (folded 2-D past 65535).
+
+struct NormGemvParams {
+    rows: u32,
+    cols: u32,
+    row_offset: u32,
+    accumulate: u32,
+    eps: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: NormGemvParams;
+@group(0) @binding(1) var<storage, read> x4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> w4: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> gamma: array<vec2<u32>>;
+
+#include "lib/store_y.wgsl"
+#include "lib/bf16_unit.wgsl"
+
+override RS: u32 = 2u;
+override RPW: u32 = 16u;
+const MAX_RS: u32 = 4u;
+const MAX_XV: u32 = 1024u;
+const XPT: u32 = MAX_XV / 256u; // x vec4 per thread in the prologue
+
+var<workgroup> xs: array<vec4<f32>, MAX_XV>;
+var<workgroup> sg_sums: array<f32, 256>;
+
+#include "lib/gemv_multi_rows.wgsl" MW=w4 STORE=store_y mx4=xs mp=p entry_rows=normed_rows
+
+@compute @workgroup_size(256)
+fn gemv_bf16_sg_normed(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    // Every load of x and gamma issued before any use: a strided loop waited on each in turn
+    // (the first version of this kernel spent ~6 us per call on that latency).
+    let nv = p.cols / 4u;
+    var xv: array<vec4<f32>, XPT>;
+    var gw: array<vec2<u32>, XPT>;
+    for (var j = 0u; j < XPT; j++) {
+        let i = min(lid + 256u * j, nv - 1u);
+        xv[j] = x4[i];
+        gw[j] = gamma[i];
+    }
+    var ss = 0.0;
+    for (var j = 0u; j < XPT; j++) {
+        ss += select(0.0, dot(xv[j], xv[j]), lid + 256u * j < nv);
+    }
+    ss = subgroupAdd(ss);
+    if (lane == 0u) {
+        sg_sums[sg] = ss;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var s = 0u; s < nsg; s++) {
+        total += sg_sums[s];
+    }
+    let inv = inverseSqrt(total / f32(p.cols) + p.eps);
+    for (var j = 0u; j < XPT; j++) {
+        let g = gw[j];
+        let gv = vec4<f32>(bitcast<f32>(g.x << 16u), bitcast<f32>(g.x & 0xffff0000u), bitcast<f32>(g.y << 16u), bitcast<f32>(g.y & 0xffff0000u));
+        if (lid + 256u * j < nv) {
+            xs[lid + 256u * j] = xv[j] * inv * gv;
+        }
+    }
+    workgroupBarrier();
+    normed_rows((wg.x + wg.y * nwg.x) * RPW, p.rows, p.row_offset, lane, sgs, sg, nsg);
+}
