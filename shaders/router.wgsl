@@ -9,16 +9,43 @@
 // Preconditions (host-checked): experts <= MAX_E; experts % n_group == 0; top_k <= experts.
 // logits: [tokens, experts] f32; bias: [experts] f32; idx: [tokens, top_k] u32; wts: same f32.
 
-#include "lib/router_io.wgsl"
+struct RouterParams {
+    tokens: u32,
+    experts: u32,
+    top_k: u32,
+    n_group: u32,
+    topk_group: u32,
+    renormalize: u32,
+    scaling: f32,
+    glu_n: u32,
+    act: u32,
+    beta: f32,
+    linear_beta: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: RouterParams;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read> bias: array<f32>;
+@group(0) @binding(3) var<storage, read_write> idx: array<u32>;
+@group(0) @binding(4) var<storage, read_write> wts: array<f32>;
+@group(0) @binding(5) var<storage, read> glu_gate: array<f32>;
+@group(0) @binding(6) var<storage, read> glu_up: array<f32>;
+@group(0) @binding(7) var<storage, read_write> glu_out: array<f32>;
+
+#include "lib/activation.wgsl"
 
 const WG: u32 = 256u;
+const MAX_E: u32 = 1024u;
 const NEG_INF: f32 = -3.40282347e38;
 
+var<workgroup> score: array<f32, MAX_E>;  // unbiased sigmoid scores
 var<workgroup> key: array<f32, MAX_E>;    // selection keys; taken entries marked in `taken`
 var<workgroup> taken: array<u32, MAX_E>;
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
 var<workgroup> gscore: array<f32, WG>;
+var<workgroup> chosen: array<u32, 64>;
 
 // Whether entry (va, a) comes before (vb, b) in rank order: larger key, then lower index;
 // padding (index >= experts) after everything.
@@ -74,7 +101,10 @@ fn argmax(lid: u32, n: u32, stride: u32, use_group: bool) -> u32 {
 fn router_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wg.x + wg.y * nwg.x;
     if (t >= p.tokens) {
-        glu_workgroup(t - p.tokens, lid);
+        let i = (t - p.tokens) * WG + lid;
+        if (i < p.glu_n) {
+            glu_out[i] = glu_act(glu_gate[i], glu_up[i], p.act, p.beta, p.linear_beta);
+        }
         return;
     }
     let n = p.experts;
@@ -165,5 +195,15 @@ fn router_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         chosen[lid] = taken[lid];
     }
     workgroupBarrier();
-    write_routing(t, lid);
+    if (lid == 0u) {
+        var sum = 0.0;
+        for (var k = 0u; k < p.top_k; k++) {
+            sum += score[chosen[k]];
+        }
+        let norm = select(1.0, 1.0 / (sum + 1e-20), p.renormalize != 0u && p.top_k > 1u);
+        for (var k = 0u; k < p.top_k; k++) {
+            idx[t * p.top_k + k] = chosen[k];
+            wts[t * p.top_k + k] = score[chosen[k]] * norm * p.scaling;
+        }
+    }
 }

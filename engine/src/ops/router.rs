@@ -15,11 +15,7 @@ shader_params!(
 );
 
 pub const ROUTER_SELECT: Kernel = Kernel::new("router_select", "router", "router_select");
-/// Subgroup selection (router_sg.wgsl) for routers without an active group limit.
-pub const ROUTER_SELECT_SG: Kernel = Kernel::new("router_select_sg", "router_sg", "router_select_sg").subgroups().profile_as("router_select");
-pub const KERNELS: &[Kernel] = &[ROUTER_SELECT, ROUTER_SELECT_SG];
-/// Candidates the subgroup kernel holds (MAX_CAND in the shader).
-const SG_MAX_CANDIDATES: usize = 2048;
+pub const KERNELS: &[Kernel] = &[ROUTER_SELECT];
 /// Most experts one router workgroup holds (MAX_E in the shader).
 pub const MAX_EXPERTS: usize = 1024;
 
@@ -108,7 +104,5 @@ pub fn router_select_with_glu(
     };
     let glu_groups = p.glu_n.div_ceil(256);
     let bufs = [(1, logits), (2, bias), (3, idx), (4, wts), (5, gate), (6, up), (7, out)];
-    let subgroup_fits = gpu.caps.subgroups && gpu.caps.subgroup_min > 0 && (256 / gpu.caps.subgroup_min as usize) * top_k <= SG_MAX_CANDIDATES;
-    let kernel = if !limited && subgroup_fits { ROUTER_SELECT_SG } else { ROUTER_SELECT };
-    dispatch(gpu, enc, &kernel, &p, &bufs, (tokens as u32 + glu_groups, 1), profiler)
+    dispatch(gpu, enc, &ROUTER_SELECT, &p, &bufs, (tokens as u32 + glu_groups, 1), profiler)
 }
