@@ -100,12 +100,19 @@ fn router_matches_reference_with_and_without_groups() {
         (3, 127, 1, 1, 1, 1.0, 257),
         (2, 896, 16, 1, 1, 2.5, 2 * 6144 + 3),
         (2, 1000, 64, 8, 4, 1.0, 0),
+        (3, 1000, 64, 1, 1, 1.0, 0),
+        (4, 896, 16, 1, 1, 2.5, 0),
     ] {
         let cfg = router_cfg(groups, tg, scaling);
         let mut logits = support::random_vec(t as u64, t * e).iter().map(|v| v * 4.0).collect::<Vec<_>>();
         // Exact ties: the lower index must win.
         logits[1] = logits[0];
         let bias: Vec<f32> = support::random_vec(99, e).iter().map(|v| v * 0.05).collect();
+        if t == 4 {
+            // Every key equal: the lowest ids, in id order.
+            logits.iter_mut().for_each(|v| *v = 0.5);
+        }
+        let bias: Vec<f32> = if t == 4 { vec![0.0; e] } else { bias };
         let (idx, wts) = gpu_route(&gpu, &cfg, t, e, k, &logits, &bias, glu_n);
         for r in 0..t {
             let (ri, rw) = reference::moe::route(&cfg, &logits[r * e..(r + 1) * e], &bias, k);
