@@ -157,6 +157,8 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let n = p.n_bank + 1u;
     let nc = chunks();
     let np = partials_per_chunk(n);
+    // This thread's current partial, loaded before anything waits.
+    let cv = current(t, min(wg.x * WG + lid, p.d - 1u));
     // Partial sums into workgroup memory, then each total summed over the chunks in a fixed
     // order (the same in every workgroup, so all of them mix with identical weights).
     let base = p.tokens * n + t * nc * np;
@@ -207,16 +209,13 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         weights[MAX_SOURCES] = inverseSqrt(max(hh, 0.0) / f32(p.d) + p.eps);
     }
     workgroupBarrier();
-    var wj: array<f32, MAX_SOURCES>;
-    for (var j = 0u; j < MAX_SOURCES; j++) {
-        wj[j] = select(0.0, weights[min(j, n - 1u)], j < n);
-    }
     let inv = select(1.0, weights[MAX_SOURCES], p.norm != 0u);
     let i = min(wg.x * WG + lid, p.d - 1u);
-    let cv = current(t, i);
-    var acc = 0.0;
-    for (var j = 0u; j < MAX_SOURCES; j++) {
-        acc += wj[j] * source(j, t, i, cv);
+    // Over the n sources only: a loop unrolled over MAX_SOURCES with clamped loads cost ~2.5 us
+    // per call on an H200 (0.5 ms per token over the full model).
+    var acc = weights[n - 1u] * cv;
+    for (var j = 0u; j < p.n_bank; j++) {
+        acc += weights[j] * bank[j * p.bank_stride + t * p.d + i];
     }
     if (p.norm != 0u) {
         acc = acc * inv * bf16_of(norm_w[i >> 1u], i);
