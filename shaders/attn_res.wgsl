@@ -110,19 +110,22 @@ fn attn_res_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     for (var i0 = c * p.chunk; i0 < min(p.d, (c + 1u) * p.chunk); i0 += WG * COLS) {
         var vj: array<f32, COLS>;
         var vk: array<f32, COLS>;
+        // The pseudo-query's weights with the sources (every workgroup: L2 hits), so no load
+        // waits behind the arithmetic.
+        var gp: array<f32, COLS>;
         for (var u = 0u; u < COLS; u++) {
             let i = min(i0 + u * WG + lid, p.d - 1u);
             let cv = current(t, i);
             vj[u] = source(jk.x, t, i, cv);
             vk[u] = source(jk.y, t, i, cv);
+            gp[u] = bf16_of(gamma[i >> 1u], i) * bf16_of(proj[i >> 1u], i);
         }
         for (var u = 0u; u < COLS; u++) {
             let i = i0 + u * WG + lid;
             let keep = i < min(p.d, (c + 1u) * p.chunk);
             g += select(0.0, vj[u] * vk[u], keep);
             if (diagonal) {
-                let ic = min(i, p.d - 1u);
-                dq += select(0.0, vj[u] * bf16_of(gamma[ic >> 1u], ic) * bf16_of(proj[ic >> 1u], ic), keep);
+                dq += select(0.0, vj[u] * gp[u], keep);
                 if (p.add != 0u && jk.x == n - 1u && keep) {
                     part[t * p.d + i] = vj[u];
                 }
