@@ -1,6 +1,8 @@
-// bf16 GEMV of an RMS-normed input: y (+)= W (x * rsqrt(mean(x^2) + eps) * gamma), gamma bf16.
-// Decode's LatentMoE runs its latent RMSNorm and up-projection as this one dispatch: the
-// separate norm cost a dependent dispatch plus a ~7 us body per layer on an H200. Every
+// bf16 GEMV of an RMS-normed input: y (+)= W (x * rsqrt(mean(x^2) + eps) * gamma), gamma bf16,
+// plus an optional second product W_b x_b over the same rows (cols_b > 0; x_b in global memory).
+// Decode's LatentMoE runs its latent RMSNorm, up-projection and shared-expert down-projection
+// (both add into the residual) as this one dispatch: the separate norm cost a dependent
+// dispatch plus a ~7 us body per layer on an H200, and two short GEMVs two ramps and tails. Every
 // workgroup normalises x itself into workgroup memory (cols <= 4 * MAX_XV and cols % 8 == 0,
 // host-checked; 14 KB of reads per workgroup at the K3.1 latent width), then runs the rows of
 // gemv_multi (RS rows per subgroup pass, RPW rows per workgroup) on it.
@@ -12,9 +14,9 @@ struct NormGemvParams {
     row_offset: u32,
     accumulate: u32,
     eps: f32,
+    cols_b: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: NormGemvParams;
@@ -22,6 +24,8 @@ struct NormGemvParams {
 @group(0) @binding(2) var<storage, read> w4: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> gamma: array<vec2<u32>>;
+@group(0) @binding(5) var<storage, read> w4b: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read> x4b: array<vec4<f32>>;
 
 #include "lib/store_y.wgsl"
 #include "lib/bf16_unit.wgsl"
@@ -35,7 +39,20 @@ const XPT: u32 = MAX_XV / 256u; // x vec4 per thread in the prologue
 var<workgroup> xs: array<vec4<f32>, MAX_XV>;
 var<workgroup> sg_sums: array<f32, 256>;
 
+// The second product's width, as the rows' include reads it (`pb.cols`).
+struct SecondCols {
+    cols: u32,
+}
+var<private> pb: SecondCols;
+
+// Adds the second product to the row the first one stored (the same lane stored it: both
+// passes walk the rows in the same order).
+fn add_y(i: u32, v: f32) {
+    y[i] += v;
+}
+
 #include "lib/gemv_multi_rows.wgsl" MW=w4 STORE=store_y mx4=xs mp=p entry_rows=normed_rows
+#include "lib/gemv_multi_rows.wgsl" MW=w4b STORE=add_y mx4=x4b mp=pb entry_rows=second_rows
 
 @compute @workgroup_size(256)
 fn gemv_bf16_sg_normed(
@@ -79,5 +96,10 @@ fn gemv_bf16_sg_normed(
         }
     }
     workgroupBarrier();
-    normed_rows((wg.x + wg.y * nwg.x) * RPW, p.rows, p.row_offset, lane, sgs, sg, nsg);
+    let first = (wg.x + wg.y * nwg.x) * RPW;
+    normed_rows(first, p.rows, p.row_offset, lane, sgs, sg, nsg);
+    if (p.cols_b > 0u) {
+        pb = SecondCols(p.cols_b);
+        second_rows(first, p.rows, p.row_offset, lane, sgs, sg, nsg);
+    }
 }

@@ -449,38 +449,55 @@ fn gemv_many_matches_reference() {
     }
 }
 
-/// The normed-input GEMV (decode's latent RMSNorm + up-projection in one dispatch) equals the
-/// reference norm then GEMV: ragged rows, a chunked matrix, widths from 8 to the 4096 limit,
-/// inputs far from unit scale, writing and accumulating; wider inputs are refused.
+/// The normed-input GEMV (decode's latent RMSNorm + up-projection, and the shared experts'
+/// down-projection as an optional second product, in one dispatch) equals the reference norm
+/// then GEMV(s): ragged rows, a chunked matrix, widths from 8 to the 4096 limit, inputs far from
+/// unit scale, writing and accumulating; wider inputs and a chunked second matrix are refused.
 #[test]
 fn gemv_normed_matches_norm_then_gemv() {
     let Some(gpu) = support::gpu() else { return };
     if !gpu.caps.subgroups {
         return;
     }
-    for (rows, cols, scale, chunk_rows) in [(1usize, 8usize, 1.0f32, None), (37, 264, 300.0, None), (301, 1000, 1e-3, Some(64usize)), (19, 4096, 1.0, None)] {
+    for (rows, cols, cols_b, scale, chunk_rows) in
+        [(1usize, 8usize, 0usize, 1.0f32, None), (37, 264, 1000, 300.0, None), (301, 1000, 0, 1e-3, Some(64usize)), (19, 4096, 8, 1.0, None), (70, 96, 6144, 1.0, None)]
+    {
         let x: Vec<f32> = support::random_vec(cols as u64, cols).iter().map(|v| v * scale).collect();
         let gamma = bf16_round(&support::random_vec(7, cols));
         let w = bf16_round(&support::random_vec(8, rows * cols));
         let tensor = GpuTensor::upload(&gpu, "w", DType::BF16, &[rows, cols], &bf16_bytes(&w), chunk_rows.map(|r| (r * cols * 2) as u64)).expect("upload");
         let normed = reference::norm::rms_norm(&x, 1, cols, &gamma, 1e-6);
-        let want = reference::gemv::gemv(&w, rows, cols, &normed);
+        let mut want = reference::gemv::gemv(&w, rows, cols, &normed);
         let (xb, gb) = (gpu.storage_from("x", &x), gpu.storage_from("gamma", &bf16_bytes(&gamma)));
+        let second_w = bf16_round(&support::random_vec(11, rows * cols_b));
+        let second_x: Vec<f32> = support::random_vec(12, cols_b.max(1)).iter().map(|v| v * 20.0).collect();
+        let second = (cols_b > 0).then(|| {
+            let t = GpuTensor::upload(&gpu, "w_b", DType::BF16, &[rows, cols_b], &bf16_bytes(&second_w), None).expect("upload");
+            for (o, v) in want.iter_mut().zip(reference::gemv::gemv(&second_w, rows, cols_b, &second_x)) {
+                *o += v;
+            }
+            (t, gpu.storage_from("x_b", &second_x))
+        });
         let base = support::random_vec(9, rows);
         for accumulate in [false, true] {
             let y = gpu.storage_from("y", &base);
-            run(&gpu, |enc| gemv::gemv_normed(&gpu, enc, &tensor, &xb, &gb, 1e-6, &y, accumulate, None).unwrap());
+            let pair = second.as_ref().map(|(t, b)| (t, b));
+            run(&gpu, |enc| gemv::gemv_normed(&gpu, enc, &tensor, &xb, &gb, 1e-6, pair, &y, accumulate, None).unwrap());
             let got: Vec<f32> = gpu.read(&y, rows).unwrap();
             let want: Vec<f32> = want.iter().zip(&base).map(|(&v, &b)| if accumulate { v + b } else { v }).collect();
             let err = rel_l2(&got, &want);
-            assert!(err < 1e-5, "[{rows}, {cols}] x{scale} accumulate {accumulate}: rel L2 {err}");
+            assert!(err < 1e-5, "[{rows}, {cols}] + [{rows}, {cols_b}] x{scale} accumulate {accumulate}: rel L2 {err}");
         }
     }
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
     let wide = GpuTensor::upload(&gpu, "w", DType::BF16, &[2, 4104], &vec![0u8; 2 * 4104 * 2], None).expect("upload");
     let (x, g, y) = (gpu.storage("x", 4104 * 4), gpu.storage("g", 4104 * 2), gpu.storage("y", 8));
-    let mut enc = gpu.device.create_command_encoder(&Default::default());
-    let err = gemv::gemv_normed(&gpu, &mut enc, &wide, &x, &g, 1e-6, &y, false, None).unwrap_err();
+    let err = gemv::gemv_normed(&gpu, &mut enc, &wide, &x, &g, 1e-6, None, &y, false, None).unwrap_err();
     assert!(err.to_string().contains("4096"), "{err}");
+    let narrow = GpuTensor::upload(&gpu, "w", DType::BF16, &[2, 8], &[0u8; 32], None).expect("upload");
+    let chunked = GpuTensor::upload(&gpu, "w_b", DType::BF16, &[2, 8], &[0u8; 32], Some(16)).expect("upload");
+    let err = gemv::gemv_normed(&gpu, &mut enc, &narrow, &x, &g, 1e-6, Some((&chunked, &x)), &y, false, None).unwrap_err();
+    assert!(err.to_string().contains("one-chunk"), "{err}");
 }
 
 #[test]

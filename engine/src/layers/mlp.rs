@@ -96,7 +96,7 @@ impl GluMlp {
     ) -> Result<(), GpuError> {
         let a = self.act_buffer(gpu, tokens);
         glu(gpu, enc, self.act, tokens * self.inner(), g, u, &a, prof.as_deref_mut())?;
-        self.down_into(gpu, enc, &a, tokens, out, accumulate, prof)
+        linear_into(gpu, enc, &self.down, tokens, &a, out, accumulate, prof)
     }
 
     /// Width of the gated activation.
@@ -113,18 +113,8 @@ impl GluMlp {
         gpu.scratch("mlp act", (tokens * self.inner() * 4) as u64)
     }
 
-    /// out = down(a) from the gated activation a [T, inner], or out += it (`accumulate`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn down_into(
-        &self,
-        gpu: &Gpu,
-        enc: &mut wgpu::CommandEncoder,
-        a: &wgpu::Buffer,
-        tokens: usize,
-        out: &wgpu::Buffer,
-        accumulate: bool,
-        prof: Option<&mut Profiler>,
-    ) -> Result<(), GpuError> {
-        linear_into(gpu, enc, &self.down, tokens, a, out, accumulate, prof)
+    /// The down-projection [d, inner].
+    pub fn down(&self) -> &GpuTensor {
+        &self.down
     }
 }

@@ -147,11 +147,21 @@ impl MoeBlock {
             let scratch = moe::GroupedScratch::new(gpu, &self.store, t, k);
             moe::experts_grouped(gpu, enc, &self.store, &call, z, &idx, &wts, &scratch, y, prof.as_deref_mut())?;
         }
+        // The shared experts' down-projection, unless it joins the latent up-projection below.
+        let mut shared_down = match (&self.shared, &shared_act) {
+            (Some(s), Some(a)) => Some((s.down(), a)),
+            _ => None,
+        };
         if let Some(l) = &self.latent {
             match &l.norm {
-                // Decode: the norm inside the up-projection's dispatch.
+                // Decode: the norm, the up-projection and (where the shapes allow) the shared
+                // experts' down-projection in one dispatch.
                 Some(w) if t == 1 && gemv::normed_fits(gpu, &l.up) => {
-                    gemv::gemv_normed(gpu, enc, &l.up, y, w, self.eps, out, accumulate, prof.as_deref_mut())?;
+                    let second = shared_down.filter(|(wb, _)| gemv::second_fits(&l.up, wb));
+                    if second.is_some() {
+                        shared_down = None;
+                    }
+                    gemv::gemv_normed(gpu, enc, &l.up, y, w, self.eps, second, out, accumulate, prof.as_deref_mut())?;
                 }
                 Some(w) => {
                     let normed = buf("latent normed", t * n_in);
@@ -162,9 +172,9 @@ impl MoeBlock {
             }
         }
         // The shared experts sum into the routed output in place.
-        match (&self.shared, &shared_act) {
-            (Some(s), Some(a)) => s.down_into(gpu, enc, a, t, out, true, prof),
-            _ => Ok(()),
+        match shared_down {
+            Some((wd, a)) => linear_into(gpu, enc, wd, t, a, out, true, prof),
+            None => Ok(()),
         }
     }
 

@@ -11,7 +11,7 @@ shader_params!(
 
 shader_params!(
     /// Mirrors `NormGemvParams` in shaders/gemv_norm.wgsl.
-    NormGemvParams in "gemv_norm" { rows: u32, cols: u32, row_offset: u32, accumulate: u32, eps: f32, _pad0: u32, _pad1: u32, _pad2: u32 }
+    NormGemvParams in "gemv_norm" { rows: u32, cols: u32, row_offset: u32, accumulate: u32, eps: f32, cols_b: u32, _pad0: u32, _pad1: u32 }
 );
 
 shader_params!(
@@ -205,8 +205,22 @@ pub fn normed_fits(gpu: &Gpu, w: &GpuTensor) -> bool {
     gpu.caps.subgroups && w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1].is_multiple_of(8) && w.shape[1] <= NORMED_MAX_COLS
 }
 
-/// `y = W RMSNorm(x; gamma, eps)` for one token (x [cols] f32, gamma [cols] bf16), or y += it
-/// (`accumulate`): the norm is computed by every workgroup, so it costs no dispatch of its own.
+/// Whether W_b can be [`gemv_normed`]'s second product beside W: both one chunk, bf16, the same
+/// rows, W_b's columns a multiple of 8.
+pub fn second_fits(w: &GpuTensor, wb: &GpuTensor) -> bool {
+    w.chunks.len() == 1
+        && wb.chunks.len() == 1
+        && wb.dtype == DType::BF16
+        && wb.shape.len() == 2
+        && wb.rows() == w.rows()
+        && wb.shape[1].is_multiple_of(8)
+        && wb.shape[1] > 0
+}
+
+/// `y = W RMSNorm(x; gamma, eps) [+ W_b x_b]` for one token (x [cols] f32, gamma [cols] bf16;
+/// `second` = (W_b, x_b), a bf16 matrix with W's rows and its input), or y += it (`accumulate`):
+/// the norm is computed by every workgroup, so it costs no dispatch of its own, and the second
+/// product shares the dispatch. A chunked W_b (or W, with a second product) is refused.
 #[allow(clippy::too_many_arguments)]
 pub fn gemv_normed(
     gpu: &Gpu,
@@ -215,6 +229,7 @@ pub fn gemv_normed(
     x: &wgpu::Buffer,
     gamma: &wgpu::Buffer,
     eps: f32,
+    second: Option<(&GpuTensor, &wgpu::Buffer)>,
     y: &wgpu::Buffer,
     accumulate: bool,
     mut profiler: Option<&mut Profiler>,
@@ -236,6 +251,30 @@ pub fn gemv_normed(
             w.rows()
         )));
     }
+    let placeholders;
+    let (w_b, x_b, cols_b) = match second {
+        Some((wb, xb)) => {
+            let cb = wb.shape.get(1).copied().unwrap_or(0);
+            if !second_fits(w, wb) {
+                return Err(GpuError::Shape(format!(
+                    "gemv_normed: second matrix {} ({} {:?}) must be one-chunk bf16 [{}, cols % 8 == 0] beside a one-chunk {}",
+                    wb.label,
+                    wb.dtype.name(),
+                    wb.shape,
+                    w.rows(),
+                    w.label
+                )));
+            }
+            if xb.size() < (cb * 4) as u64 {
+                return Err(GpuError::Shape(format!("gemv_normed: x_b holds {} bytes, {} needs {}", xb.size(), wb.label, cb * 4)));
+            }
+            (&wb.chunks[0].buffer, xb, cb)
+        }
+        None => {
+            placeholders = [gpu.scratch("gemv_normed placeholder w", 16), gpu.scratch("gemv_normed placeholder x", 16)];
+            (&placeholders[0], &placeholders[1], 0)
+        }
+    };
     for chunk in w.chunks.iter().filter(|c| c.rows > 0) {
         let params = NormGemvParams {
             rows: chunk.rows as u32,
@@ -243,9 +282,10 @@ pub fn gemv_normed(
             row_offset: chunk.first_row as u32,
             accumulate: accumulate as u32,
             eps,
+            cols_b: cols_b as u32,
             ..Default::default()
         };
-        let bufs = [(1, x), (2, &chunk.buffer), (3, y), (4, gamma)];
+        let bufs = [(1, x), (2, &chunk.buffer), (3, y), (4, gamma), (5, w_b), (6, x_b)];
         gpu.dispatch(enc, &GEMV_BF16_NORMED, &params, &bufs, ((chunk.rows as u32).div_ceil(MULTI_RPW as u32), 1), profiler.as_deref_mut())?;
     }
     Ok(())
