@@ -59,6 +59,7 @@ pub fn all_params() -> Vec<ParamsLayout> {
         layout_of::<copy::CopyParams>(),
         layout_of::<gemv::GemvParams>(),
         layout_of::<gemv::MultiParams>(),
+        layout_of::<gemv::NormGemvParams>(),
         layout_of::<embed::EmbedParams>(),
     ];
     v.extend(kda::params());
