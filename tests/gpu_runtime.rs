@@ -146,4 +146,11 @@ fn oversized_binding_is_an_error() {
     let mut enc = g.device.create_command_encoder(&Default::default());
     let err = k31_engine::ops::norm::rms_norm(&g, &mut enc, 1, 64, 1e-5, &x, &w, &out, None).expect_err("oversized binding");
     assert!(err.to_string().contains("rms_norm binding"), "{err}");
+    // The copy kernel binds only the copied range, so buffers past one binding are fine.
+    let head: Vec<f32> = (0..64).map(|i| i as f32).collect();
+    g.queue.write_buffer(&x, 0, bytemuck::cast_slice(&head));
+    let mut enc = g.device.create_command_encoder(&Default::default());
+    k31_engine::ops::copy::copy(&g, &mut enc, &x, &out, 256, None).expect("copy of 256 bytes");
+    g.flush(&mut enc);
+    assert_eq!(g.read::<f32>(&out, 64).unwrap(), head);
 }

@@ -325,15 +325,8 @@ impl Gpu {
         groups: [u32; 3],
         profiler: Option<&mut Profiler>,
     ) -> Result<(), GpuError> {
-        self.check_bindings(kernel, entries)?;
         let pipeline = self.pipelines.get(self, kernel)?;
-        let e: Vec<wgpu::BindGroupEntry> =
-            entries.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
-        let bind = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.name),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &e,
-        });
+        let bind = self.bind_group(kernel, &pipeline, entries)?;
         self.pass(enc, kernel, &pipeline, &bind, groups, profiler)
     }
 
@@ -418,7 +411,17 @@ impl Gpu {
 
     /// A clear error where a whole-buffer binding exceeds what the adapter allows (wgpu would
     /// otherwise fail inside bind group creation).
-    fn check_bindings(&self, kernel: &Kernel, buffers: &[(u32, &wgpu::Buffer)]) -> Result<(), GpuError> {
+    /// A bind group of whole buffers for `kernel`'s group 0, after [`Gpu::check_bindings`]
+    /// (wgpu panics on a binding past the adapter's limit).
+    pub fn bind_group(&self, kernel: &Kernel, pipeline: &wgpu::ComputePipeline, entries: &[(u32, &wgpu::Buffer)]) -> Result<wgpu::BindGroup, GpuError> {
+        self.check_bindings(kernel, entries)?;
+        let e: Vec<wgpu::BindGroupEntry> =
+            entries.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
+        Ok(self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(kernel.name), layout: &pipeline.get_bind_group_layout(0), entries: &e }))
+    }
+
+    /// Every buffer of a dispatch within one binding (a clear error, not wgpu's panic).
+    pub fn check_bindings(&self, kernel: &Kernel, buffers: &[(u32, &wgpu::Buffer)]) -> Result<(), GpuError> {
         match buffers.iter().find(|(_, b)| b.size() > self.caps.max_binding) {
             Some((b, buf)) => Err(GpuError::TooLarge { what: format!("{} binding {b}", kernel.name), needed: buf.size(), limit: self.caps.max_binding }),
             None => Ok(()),

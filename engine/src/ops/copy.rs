@@ -23,15 +23,22 @@ pub fn copy(
     if !bytes.is_multiple_of(16) || src.size() < bytes || dst.size() < bytes || bytes > gpu.caps.max_binding {
         return Err(GpuError::Shape(format!("copy of {bytes} bytes: needs a multiple of 16 within both buffers and one binding")));
     }
+    if bytes == 0 {
+        return Ok(());
+    }
     let pipeline = gpu.pipelines.get(gpu, &COPY_VEC4)?;
     let uniform = gpu.uniform("copy params", &CopyParams { words4: (bytes / 16) as u32, ..Default::default() });
+    // Only the copied range is bound: the buffers themselves may exceed one binding.
+    fn range(b: &wgpu::Buffer, bytes: u64) -> wgpu::BindingResource<'_> {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding { buffer: b, offset: 0, size: std::num::NonZeroU64::new(bytes) })
+    }
     let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: Some(COPY_VEC4.name),
         layout: &pipeline.get_bind_group_layout(0),
         entries: &[
             wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 1, resource: src.as_entire_binding() },
-            wgpu::BindGroupEntry { binding: 2, resource: dst.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: range(src, bytes) },
+            wgpu::BindGroupEntry { binding: 2, resource: range(dst, bytes) },
         ],
     });
     let timestamp_writes = profiler.and_then(|p| p.pass(COPY_VEC4.name));

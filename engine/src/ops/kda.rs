@@ -587,15 +587,8 @@ pub fn decode_one_pass(
     for st in steps {
         let bufs = decode_bindings(geom, &st.inp, st.ring, st.state, st.o)?;
         let uniform = gpu.uniform("kda params", &geom.params(1, st.pos));
-        let e: Vec<wgpu::BindGroupEntry> = std::iter::once((0, &uniform))
-            .chain(bufs)
-            .map(|(b, buf)| wgpu::BindGroupEntry { binding: b, resource: buf.as_entire_binding() })
-            .collect();
-        binds.push(gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("kda_decode"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &e,
-        }));
+        let e: Vec<(u32, &wgpu::Buffer)> = std::iter::once((0, &uniform)).chain(bufs).collect();
+        binds.push(gpu.bind_group(kernel, &pipeline, &e)?);
     }
     let (gx, gy) = gpu.grid(decode_groups(geom, cols));
     let mut pass = gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("kda_decode x layers"), timestamp_writes });
