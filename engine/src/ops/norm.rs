@@ -45,6 +45,7 @@ pub fn rms_norm(
 }
 
 /// out [n] = act(gate [n], up [n]).
+#[allow(clippy::too_many_arguments)]
 pub fn glu(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
