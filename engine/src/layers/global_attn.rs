@@ -333,7 +333,7 @@ impl GlobalAttn {
         let lse = buf("lse [T, H]", t_n * h);
         let gate = self.g_proj.as_ref().map(|_| &g);
         // Query blocks: the scores of one block are [Tb, S].
-        let split_max = dsa::attend_splits(self.indexer.as_ref().map_or(n_pos, |i| i.topk.min(n_pos)));
+        let split_max = dsa::attend_splits(&dm, self.indexer.as_ref().map_or(n_pos, |i| i.topk.min(n_pos)));
         let part_budget = PARTIALS_BUDGET.min(gpu.caps.max_binding as usize);
         let mut tb = (SCORE_BUDGET / n_pos).min(part_budget / dsa::partial_bytes(&dm, 1, split_max)).clamp(1, t_n);
         if opts.max_query_block > 0 {
@@ -457,7 +457,7 @@ impl GlobalAttn {
         let vo = h * dm.v_dim;
         let buf = |label: &str, n: usize| gpu.storage(label, (n * 4) as u64);
         let (o_s, l_s, o_d, l_d) = (buf("o sparse", vo), buf("lse sparse", h), buf("o dense", vo), buf("lse dense", h));
-        let part_d = gpu.storage("dense partials", dsa::partial_bytes(&dm, 1, dsa::attend_splits(n_pos)) as u64);
+        let part_d = gpu.storage("dense partials", dsa::partial_bytes(&dm, 1, dsa::attend_splits(&dm, n_pos)) as u64);
         let logits = buf("logits [H, S]", h * n_pos);
         let (asel, ascore) = (buf("attn top-k", h * k), buf("attn top-k scores", h * k));
         let mut enc = gpu.device.create_command_encoder(&Default::default());
