@@ -4,7 +4,8 @@
 //! Run: `cargo bench --bench dsa` (`--quick` for small sizes, `--smoke` for one tiny run of every path,
 //! `--json FILE` to save rows, `--indexer` for the indexer rows and checks only, `--topk` for the
 //! top-k rows and checks only (4K..1M, ordered and set, 200K with ties, a prefill block), `--mla`
-//! for the MLA rows only (absorb, sparse MLA, its grid sizing sweep),
+//! for the MLA rows only (absorb, sparse MLA), `--sweep` to add the sparse MLA at other grid
+//! sizes and with wgpu's runtime checks,
 //! `--torch` to also run the PyTorch reference on the same GPU: naive indexer + torch.topk +
 //! gathered absorbed attention; needs python3 with CUDA torch).
 
@@ -160,6 +161,8 @@ fn main() -> anyhow::Result<()> {
     // --mla: only the MLA rows (absorb, sparse MLA and its tuning sweep; the indexer and top-k
     // run once untimed, for the selection).
     let mla_only = args.iter().any(|a| a == "--mla");
+    // --sweep: also time the tiled MLA at other grid sizes and with wgpu's runtime checks.
+    let sweep = args.iter().any(|a| a == "--sweep");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}  (max binding {} MiB)", gpu.describe(), gpu.caps.max_binding >> 20);
     let copy = copy_bandwidth(&gpu, if quick || topk_only { 64 << 20 } else { 1 << 30 })? / 1e9;
@@ -188,8 +191,13 @@ fn main() -> anyhow::Result<()> {
         let absorb_cache = PagedRows::new(&gpu, "absorb cache", dims.width(), 1024, 1024)?;
         let q1 = gpu.storage_from("q", &random(11, dims.heads * (dims.nope + dims.rope)));
         let qa1 = gpu.storage("qa", (dims.heads * dims.width() * 4) as u64);
-        let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::mla_absorb(&gpu, enc, &dims, &absorb_cache, &q1, &wkv, &qa1, 1, prof))?;
-        push(&mut rows, "MLA absorb (W_UK into q), one token".into(), t, (dims.heads * dims.nope * dims.latent * 2) as f64);
+        for checked in [false, true] {
+            let default = dsa::set_mla_tuning(dsa::MlaTuning { checked, ..dsa::MlaTuning::default() });
+            let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::mla_absorb(&gpu, enc, &dims, &absorb_cache, &q1, &wkv, &qa1, 1, prof))?;
+            dsa::set_mla_tuning(default);
+            let checks = if checked { ", wgpu runtime checks" } else { "" };
+            push(&mut rows, format!("MLA absorb (W_UK into q), one token{checks}"), t, (dims.heads * dims.nope * dims.latent * 2) as f64);
+        }
     }
     for &s in &sizes {
         let run = || -> anyhow::Result<Vec<(String, f64, f64)>> {
@@ -310,20 +318,23 @@ fn main() -> anyhow::Result<()> {
                 println!("  sparse MLA {v:?} per pass, S={s}: {b}");
             }
             // Grid sizing of the tiled path: attention workgroups per query, W_UV rows per merge workgroup.
-            if s == sizes[0] && !smoke {
-                let default = dsa::set_mla_tuning(dsa::MlaTuning { target_groups: 256, out_rows: 32 });
-                for target_groups in [128, 192, 256, 384, 512, 768] {
-                    for out_rows in [32, 64] {
-                        dsa::set_mla_tuning(dsa::MlaTuning { target_groups, out_rows });
+            if s == sizes[0] && sweep {
+                let default = dsa::set_mla_tuning(dsa::MlaTuning::default());
+                for (target_groups, out_rows, checked) in
+                    [(64, 32, false), (128, 32, false), (128, 64, false), (192, 32, false), (256, 32, false), (256, 64, false), (512, 32, false), (256, 32, true)]
+                {
+                    {
+                        dsa::set_mla_tuning(dsa::MlaTuning { target_groups, out_rows, checked });
                         let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                             dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
                         })?;
-                        let splits = dsa::attend_splits(&dims, k);
-                        out.push((format!("sparse MLA tiled, {splits} splits (target {target_groups}), {out_rows} W_UV rows per workgroup, S={s}"), t, (k * dims.width() * 2) as f64));
+                        let splits = dsa::attend_splits(&dims, k, 1);
+                        let checks = if checked { ", wgpu runtime checks" } else { "" };
+                        out.push((format!("sparse MLA tiled, {splits} splits (target {target_groups}), {out_rows} W_UV rows per workgroup{checks}, S={s}"), t, (k * dims.width() * 2) as f64));
                         let b = breakdown(&gpu, |enc, prof| {
                             dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
                         })?;
-                        println!("  tuning ({target_groups}, {out_rows}) per pass: {b}");
+                        println!("  tuning ({target_groups}, {out_rows}, checked {checked}) per pass: {b}");
                     }
                 }
                 dsa::set_mla_tuning(default);

@@ -339,7 +339,9 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 // partial dots for the 8 rows (each row vec4 read by a warp is shared by its 16 heads), which
 // 128 threads (head, row) sum; online softmax per head; p.c: thread (8 heads, 4 latent columns)
 // accumulates 32 values per row from one vec4 of the row and two of p. 5 barriers per block;
-// 28.4 KB of workgroup memory (fits 32 KiB adapters).
+// 28.5 KB of workgroup memory (fits 32 KiB adapters). On the H200 the logits are bound by
+// workgroup-memory bandwidth (a broadcast vec4 read still costs a full warp's 512 bytes, here for
+// 4 FMAs per lane): holding more heads' q per thread is the next step (docs/perf.md).
 const HG: u32 = 16u;         // heads per workgroup
 const BR: u32 = 8u;          // selected rows per block
 const KS: u32 = 16u;         // dim slices of a logit

@@ -71,14 +71,24 @@ pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
 pub const TOPK_GATHER_SET: Kernel = Kernel::new("topk_gather_set", "topk", "topk_gather").with_constants(&[("ORDERED", 0.0)]);
 /// Bench probe: an empty dispatch (launch and drain floor), see [`topk_probe`].
 pub const TOPK_NOOP: Kernel = Kernel::new("topk_noop", "topk", "topk_noop");
-pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
+// The decode-path MLA kernels run without wgpu's runtime checks (index clamping, forced loop
+// bounds, division guards): every index is host-checked (shapes, buffer sizes, the cache
+// capacity, splits <= 128) or bounded by construction, and selection entries are clamped to the
+// causal limit in the shader. Their `_checked` twins (same shader) are bench diagnostics.
+pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb").unchecked();
 /// The simple per-head attention (one workgroup per split and head), kept for debugging.
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
-pub const MLA_ATTEND_TILED: Kernel = Kernel::new("mla_attend_tiled", "mla", "mla_attend_tiled");
-pub const MLA_MERGE_OUT: Kernel = Kernel::new("mla_merge_out", "mla", "mla_merge_out");
+pub const MLA_ATTEND_TILED: Kernel = Kernel::new("mla_attend_tiled", "mla", "mla_attend_tiled").unchecked();
+pub const MLA_MERGE_OUT: Kernel = Kernel::new("mla_merge_out", "mla", "mla_merge_out").unchecked();
 /// Bench variant: 64 W_UV rows per workgroup (half the workgroups, half the partial re-reads).
-pub const MLA_MERGE_OUT_64: Kernel =
-    Kernel::new("mla_merge_out_64", "mla", "mla_merge_out").with_constants(&[("OUT_ROWS", 64.0)]).profile_as("mla_merge_out");
+pub const MLA_MERGE_OUT_64: Kernel = Kernel::new("mla_merge_out_64", "mla", "mla_merge_out")
+    .with_constants(&[("OUT_ROWS", 64.0)])
+    .profile_as("mla_merge_out")
+    .unchecked();
+pub const MLA_ABSORB_CHECKED: Kernel = Kernel::new("mla_absorb_checked", "mla", "mla_absorb").profile_as("mla_absorb");
+pub const MLA_ATTEND_TILED_CHECKED: Kernel =
+    Kernel::new("mla_attend_tiled_checked", "mla", "mla_attend_tiled").profile_as("mla_attend_tiled");
+pub const MLA_MERGE_OUT_CHECKED: Kernel = Kernel::new("mla_merge_out_checked", "mla", "mla_merge_out").profile_as("mla_merge_out");
 pub const MLA_LOGITS: Kernel = Kernel::new("mla_logits", "mla", "mla_logits");
 pub const RMS_NORM: Kernel = Kernel::new("dsa_rms_norm", "dsa_misc", "rms_norm");
 pub const LAYER_NORM: Kernel = Kernel::new("dsa_layer_norm", "dsa_misc", "layer_norm");
@@ -100,6 +110,9 @@ pub const KERNELS: &[Kernel] = &[
     MLA_ATTEND_TILED,
     MLA_MERGE_OUT,
     MLA_MERGE_OUT_64,
+    MLA_ABSORB_CHECKED,
+    MLA_ATTEND_TILED_CHECKED,
+    MLA_MERGE_OUT_CHECKED,
     MLA_LOGITS,
     RMS_NORM,
     LAYER_NORM,
@@ -799,7 +812,8 @@ pub fn mla_absorb(
     let params = dims.params(n_queries, 0, cache);
     let groups = [dims.latent.div_ceil(128) as u32, dims.heads as u32, n_queries as u32];
     check_groups(gpu, "mla_absorb", groups)?;
-    gpu.dispatch_grid(enc, &MLA_ABSORB, &params, &[(1, q), (2, wkv), (3, qa), (28, wkv)], groups, profiler)
+    let kernel = if mla_tuning().checked { MLA_ABSORB_CHECKED } else { MLA_ABSORB };
+    gpu.dispatch_grid(enc, &kernel, &params, &[(1, q), (2, wkv), (3, qa), (28, wkv)], groups, profiler)
 }
 
 /// Heads per workgroup of `mla_attend_tiled` (mla.wgsl HG) and its rows per block (BR).
@@ -808,34 +822,54 @@ const MLA_BLOCK: usize = 8;
 /// Splits the partials layout and `mla_merge_out` allow (mla.wgsl MAX_SPLITS).
 pub const MLA_MAX_SPLITS: usize = 128;
 
-/// Sizing of the sparse-MLA decode grid: the attention aims at `target_groups` workgroups per
-/// query (about two per SM on the H200: the grid then runs in one wave), `out_rows` W_UV rows
-/// per `mla_merge_out` workgroup (32 or 64). [`set_mla_tuning`] changes it (benchmarks).
+/// Sizing of the sparse-MLA grid: the attention aims at `target_groups` workgroups over all
+/// queries (128: about one per H200 SM; fastest of 64..512 there at 2048 rows, and fewer splits
+/// to merge), `out_rows` W_UV rows
+/// per `mla_merge_out` workgroup (32 or 64); `checked` runs the kernels with wgpu's runtime
+/// checks (a diagnostic). [`set_mla_tuning`] changes it (benchmarks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlaTuning {
     pub target_groups: usize,
     pub out_rows: usize,
+    pub checked: bool,
 }
 
-static MLA_TUNING: Mutex<MlaTuning> = Mutex::new(MlaTuning { target_groups: 256, out_rows: 32 });
+impl Default for MlaTuning {
+    fn default() -> Self {
+        MlaTuning { target_groups: 128, out_rows: 32, checked: false }
+    }
+}
+
+static MLA_TUNING: Mutex<MlaTuning> = Mutex::new(MlaTuning { target_groups: 128, out_rows: 32, checked: false });
 
 /// Sets the sparse-MLA grid sizing; returns the previous one.
 pub fn set_mla_tuning(t: MlaTuning) -> MlaTuning {
     let mut cur = MLA_TUNING.lock().unwrap_or_else(|p| p.into_inner());
-    std::mem::replace(&mut *cur, MlaTuning { target_groups: t.target_groups.max(1), out_rows: if t.out_rows >= 64 { 64 } else { 32 } })
+    let t = MlaTuning { target_groups: t.target_groups.max(1), out_rows: if t.out_rows >= 64 { 64 } else { 32 }, ..t };
+    std::mem::replace(&mut *cur, t)
 }
 
 fn mla_tuning() -> MlaTuning {
     *MLA_TUNING.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Splits of the selection per (query, head group) for the attention pass, at most
-/// [`MLA_MAX_SPLITS`]: whole blocks of rows per split, about `target_groups` workgroups per
-/// query (K3.1 at 2048 rows: 43 splits of 48 rows, 258 workgroups).
-pub fn attend_splits(dims: &MlaDims, n_sel: usize) -> usize {
-    let groups = dims.heads.div_ceil(MLA_HG);
-    let rows = (n_sel * groups).div_ceil(mla_tuning().target_groups).max(1).next_multiple_of(MLA_BLOCK);
-    n_sel.div_ceil(rows).clamp(1, MLA_MAX_SPLITS)
+/// Splits of the selection per (query, head group) for `n_queries` queries of at most `n_sel`
+/// selected rows: about `target_groups` workgroups in all, at least a block of rows per split,
+/// at most [`MLA_MAX_SPLITS`] (K3.1 decode at 2048 rows: 22 splits of 96 rows, 132 workgroups;
+/// blocks of 22 queries and more: 1). Non-decreasing in `n_sel`, non-increasing in `n_queries`.
+pub fn attend_splits(dims: &MlaDims, n_sel: usize, n_queries: usize) -> usize {
+    let groups = dims.heads.div_ceil(MLA_HG) * n_queries.max(1);
+    let target = mla_tuning().target_groups.div_ceil(groups).clamp(1, MLA_MAX_SPLITS);
+    n_sel.div_ceil(MLA_BLOCK).clamp(1, target)
+}
+
+/// The partials [`mla_attention`] needs for any block of up to `max_queries` queries with up to
+/// `n_sel` selected rows each.
+pub fn partial_bytes_max(dims: &MlaDims, n_sel: usize, max_queries: usize) -> usize {
+    // Past target_groups queries every block has one split, so the largest block is the worst.
+    let small = max_queries.clamp(1, mla_tuning().target_groups);
+    let at = |n: usize| partial_bytes(dims, n, attend_splits(dims, n_sel, n));
+    (1..=small).map(at).max().unwrap_or(0).max(at(max_queries.max(1)))
 }
 
 /// Bytes of the partial-result buffer [T, H, splits, ceil(R/4) + 1] vec4 f32.
@@ -850,7 +884,7 @@ pub enum MlaVariant {
     /// kept for debugging).
     PerHead,
     /// One workgroup per (split, 16 heads), register-tiled logits and p.c (the default;
-    /// 28.4 KB of workgroup memory, so it fits 32 KiB adapters).
+    /// 28.5 KB of workgroup memory, so it fits 32 KiB adapters).
     Tiled,
 }
 
@@ -864,7 +898,7 @@ impl MlaVariant {
 /// Sparse (sel = Some: [T, k] i32, -1 padded) or dense (sel = None: all s <= q_pos0 + t)
 /// attention of qa over the latent cache, then the merge with W_UV and the optional gate:
 /// o [T, H*Dv] f32, lse [T, H] f32 (log-sum-exp of the scaled logits). gate: [T, H*Dv] raw.
-/// `part` holds [`partial_bytes`] for [`attend_splits`] of the largest selection.
+/// `part` holds [`partial_bytes`] for [`attend_splits`] of the largest selection and n_queries.
 #[allow(clippy::too_many_arguments)]
 pub fn mla_attention(
     gpu: &Gpu,
@@ -920,7 +954,7 @@ pub fn mla_attention_variant(
         Some((_, k)) => k.min(q_pos0 + n_queries),
         None => q_pos0 + n_queries,
     };
-    let splits = attend_splits(dims, max_sel);
+    let splits = attend_splits(dims, max_sel, n_queries);
     need(part, partial_bytes(dims, n_queries, splits), "mla_attention partials")?;
     need(qa, n_queries * dims.heads * dims.width() * 4, "mla_attention qa")?;
     need(o, n_queries * dims.heads * dims.v_dim * 4, "mla_attention o")?;
@@ -942,15 +976,21 @@ pub fn mla_attention_variant(
     params.dense = sel.is_none() as u32;
     params.has_gate = gate.is_some() as u32;
     let slots = cache.slots();
+    let tuning = mla_tuning();
+    let tiled = if tuning.checked { MLA_ATTEND_TILED_CHECKED } else { MLA_ATTEND_TILED };
     let (kernel, head_groups, mut entries) = match variant {
         MlaVariant::PerHead => (MLA_ATTEND, dims.heads, vec![(3, qa), (4, sel_buf), (5, part)]),
-        MlaVariant::Tiled => (MLA_ATTEND_TILED, dims.heads.div_ceil(MLA_HG), vec![(27, qa), (4, sel_buf), (26, part)]),
+        MlaVariant::Tiled => (tiled, dims.heads.div_ceil(MLA_HG), vec![(27, qa), (4, sel_buf), (26, part)]),
     };
     entries.extend(slots.iter().enumerate().map(|(i, b)| (6 + i as u32, *b)));
     let groups = [splits as u32, head_groups as u32, n_queries as u32];
     check_groups(gpu, "mla_attend", groups)?;
     gpu.dispatch_grid(enc, &kernel, &params, &entries, groups, profiler.as_deref_mut())?;
-    let (out_kernel, out_rows) = if mla_tuning().out_rows >= 64 { (MLA_MERGE_OUT_64, 64) } else { (MLA_MERGE_OUT, 32) };
+    let (out_kernel, out_rows) = match (tuning.out_rows >= 64, tuning.checked) {
+        (true, _) => (MLA_MERGE_OUT_64, 64),
+        (false, false) => (MLA_MERGE_OUT, 32),
+        (false, true) => (MLA_MERGE_OUT_CHECKED, 32),
+    };
     let entries = [(2, wkv), (28, wkv), (26, part), (22, gate.unwrap_or(dummy)), (23, o), (24, lse)];
     let groups = [(dims.heads * dims.v_dim.div_ceil(out_rows)) as u32, n_queries as u32, 1];
     check_groups(gpu, "mla_merge_out", groups)?;
