@@ -684,6 +684,7 @@ fn mla_case(g: &Gpu, d: &MlaDims, s_len: usize, page0: usize, t: usize, seed: u6
 }
 
 /// GPU o and lse of query i against the f64 reference over positions `s`: (o rel L2, worst lse error).
+#[allow(clippy::too_many_arguments)]
 fn mla_errors(d: &MlaDims, q: &[f32], rows: &[f32], wkv_f: &[f32], o: &[f32], lse: &[f32], i: usize, s: &[usize]) -> (f64, f64) {
     let rd = refdsa::Dims { heads: d.heads, latent: d.latent, rope: d.rope, nope: d.nope, v_dim: d.v_dim, scale: d.scale as f64 };
     let qw = d.heads * (d.nope + d.rope);

@@ -824,9 +824,8 @@ pub const MLA_MAX_SPLITS: usize = 128;
 
 /// Sizing of the sparse-MLA grid: the attention aims at `target_groups` workgroups over all
 /// queries (128: about one per H200 SM; fastest of 64..512 there at 2048 rows, and fewer splits
-/// to merge), `out_rows` W_UV rows
-/// per `mla_merge_out` workgroup (32 or 64); `checked` runs the kernels with wgpu's runtime
-/// checks (a diagnostic). [`set_mla_tuning`] changes it (benchmarks).
+/// to merge), `out_rows` W_UV rows per `mla_merge_out` workgroup (32 or 64); `checked` runs the
+/// kernels with wgpu's runtime checks (a diagnostic). [`set_mla_tuning`] changes it (benchmarks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MlaTuning {
     pub target_groups: usize,
@@ -834,13 +833,15 @@ pub struct MlaTuning {
     pub checked: bool,
 }
 
+const MLA_TUNING_DEFAULT: MlaTuning = MlaTuning { target_groups: 128, out_rows: 32, checked: false };
+
 impl Default for MlaTuning {
     fn default() -> Self {
-        MlaTuning { target_groups: 128, out_rows: 32, checked: false }
+        MLA_TUNING_DEFAULT
     }
 }
 
-static MLA_TUNING: Mutex<MlaTuning> = Mutex::new(MlaTuning { target_groups: 128, out_rows: 32, checked: false });
+static MLA_TUNING: Mutex<MlaTuning> = Mutex::new(MLA_TUNING_DEFAULT);
 
 /// Sets the sparse-MLA grid sizing; returns the previous one.
 pub fn set_mla_tuning(t: MlaTuning) -> MlaTuning {
