@@ -3,7 +3,9 @@
 //! with random cache data, next to the copy bandwidth measured in the same run.
 //! Run: `cargo bench --bench dsa` (`--quick` for small sizes, `--smoke` for one tiny run of every path,
 //! `--json FILE` to save rows, `--indexer` for the indexer rows and checks only, `--topk` for the
-//! top-k rows and checks only (4K..1M, ordered and set, 200K with ties, a prefill block),
+//! top-k rows and checks only (4K..1M, ordered and set, 200K with ties, a prefill block), `--mla`
+//! for the MLA rows only (absorb, sparse MLA), `--sweep` to add the sparse MLA at other grid
+//! sizes and with wgpu's runtime checks,
 //! `--torch` to also run the PyTorch reference on the same GPU: naive indexer + torch.topk +
 //! gathered absorbed attention; needs python3 with CUDA torch).
 
@@ -156,6 +158,11 @@ fn main() -> anyhow::Result<()> {
     let indexer_only = args.iter().any(|a| a == "--indexer");
     // --topk: only the top-k rows and checks.
     let topk_only = args.iter().any(|a| a == "--topk");
+    // --mla: only the MLA rows (absorb, sparse MLA and its tuning sweep; the indexer and top-k
+    // run once untimed, for the selection).
+    let mla_only = args.iter().any(|a| a == "--mla");
+    // --sweep: also time the tiled MLA at other grid sizes and with wgpu's runtime checks.
+    let sweep = args.iter().any(|a| a == "--sweep");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}  (max binding {} MiB)", gpu.describe(), gpu.caps.max_binding >> 20);
     let copy = copy_bandwidth(&gpu, if quick || topk_only { 64 << 20 } else { 1 << 30 })? / 1e9;
@@ -184,8 +191,13 @@ fn main() -> anyhow::Result<()> {
         let absorb_cache = PagedRows::new(&gpu, "absorb cache", dims.width(), 1024, 1024)?;
         let q1 = gpu.storage_from("q", &random(11, dims.heads * (dims.nope + dims.rope)));
         let qa1 = gpu.storage("qa", (dims.heads * dims.width() * 4) as u64);
-        let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::mla_absorb(&gpu, enc, &dims, &absorb_cache, &q1, &wkv, &qa1, 1, prof))?;
-        push(&mut rows, "MLA absorb (W_UK into q), one token".into(), t, (dims.heads * dims.nope * dims.latent * 2) as f64);
+        for checked in [false, true] {
+            let default = dsa::set_mla_tuning(dsa::MlaTuning { checked, ..dsa::MlaTuning::default() });
+            let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::mla_absorb(&gpu, enc, &dims, &absorb_cache, &q1, &wkv, &qa1, 1, prof))?;
+            dsa::set_mla_tuning(default);
+            let checks = if checked { ", wgpu runtime checks" } else { "" };
+            push(&mut rows, format!("MLA absorb (W_UK into q), one token{checks}"), t, (dims.heads * dims.nope * dims.latent * 2) as f64);
+        }
     }
     for &s in &sizes {
         let run = || -> anyhow::Result<Vec<(String, f64, f64)>> {
@@ -199,7 +211,7 @@ fn main() -> anyhow::Result<()> {
             let key_bytes = (s * ID * 2) as f64;
             // Every indexer variant; the SIMT one last, so `scores` holds its output.
             let mut variants = vec![];
-            if dsa::coop_indexer_available(&gpu, IH, ID) {
+            if dsa::coop_indexer_available(&gpu, IH, ID) && !mla_only {
                 variants.push((IndexVariant::Coop, "coop (exact: q scaled, hi+lo by masking)"));
                 variants.push((IndexVariant::CoopF16, "coop (q f16, the original kernel)"));
             } else {
@@ -210,22 +222,28 @@ fn main() -> anyhow::Result<()> {
                 variants.iter().map(|&(v, label)| (v, label, gpu.storage("scores of a variant", (s * 4) as u64))).collect();
             for (v, label, dst) in &outs {
                 let dst = if *v == IndexVariant::Simt { &scores } else { dst };
+                if mla_only {
+                    let mut enc = gpu.device.create_command_encoder(&Default::default());
+                    dsa::index_scores_variant(&gpu, &mut enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, None)?;
+                    gpu.queue.submit([enc.finish()]);
+                    continue;
+                }
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_variant(&gpu, enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, prof))?;
                 out.push((format!("indexer {label}, S={s}"), t, key_bytes));
             }
             // The floor of the access pattern: the key reads alone, same bindings and paging.
-            if s >= cliff_from {
+            if s >= cliff_from && !mla_only {
                 let tmp = gpu.storage("scores probe", (s * 4) as u64);
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                     dsa::index_scores_kernel(&gpu, enc, dsa::INDEX_KEYS_PROBE, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
                 })?;
                 out.push((format!("indexer key reads only (diagnostic probe), S={s}"), t, key_bytes));
             }
-            if dsa::coop_indexer_available(&gpu, IH, ID) && s <= 32768 {
+            if dsa::coop_indexer_available(&gpu, IH, ID) && s <= 32768 && !mla_only {
                 indexer_checks(&gpu, s)?;
             }
             // Grid of the coop indexer (workgroups per query; the default is 528 = 4 per H200 SM).
-            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from && !indexer_only {
+            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from && !indexer_only && !mla_only {
                 let tmp = gpu.storage("scores grid", (s * 4) as u64);
                 for groups in [132, 264, 1056, 2112] {
                     let prev = dsa::set_index_coop_groups(groups);
@@ -237,7 +255,7 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             // The cliff lead: the same SIMT scan over one unpaged allocation.
-            if s >= cliff_from && (!indexer_only || s == 131072 || s == 1048576) {
+            if s >= cliff_from && !mla_only && (!indexer_only || s == 131072 || s == 1048576) {
                 let mut one = PagedRows::new(&gpu, "keys one page", ID, s.next_power_of_two(), s)?;
                 one.upload(&gpu, &random(s as u64, s * ID))?;
                 let tmp = gpu.storage("scores one page", (s * 4) as u64);
@@ -261,34 +279,65 @@ fn main() -> anyhow::Result<()> {
             if indexer_only {
                 return Ok(out);
             }
-            let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, prof))?;
-            out.push((format!("top-{k} of indexer scores, S={s}"), t, (s * 4) as f64));
-            report_check(format!("top-{k} S={s} vs CPU reference"), check_topk(&gpu, &scores, s, &sel, k)?);
-            let sel_set = gpu.storage("sel set", (k * 4) as u64);
-            let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::topk_set(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel_set, &sel_s, prof))?;
-            out.push((format!("top-{k} set (unordered) of indexer scores, S={s}"), t, (s * 4) as f64));
-            report_check(format!("top-{k} set S={s} vs CPU reference"), check_topk_set(&gpu, &scores, s, &sel_set, k)?);
+            if mla_only {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                dsa::topk(&gpu, &mut enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, None)?;
+                gpu.queue.submit([enc.finish()]);
+            }
+            let t = if mla_only { 0.0 } else { time_gpu(&gpu, wu, reps, |enc, prof| dsa::topk(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel, &sel_s, prof))? };
+            if !mla_only {
+                out.push((format!("top-{k} of indexer scores, S={s}"), t, (s * 4) as f64));
+                report_check(format!("top-{k} S={s} vs CPU reference"), check_topk(&gpu, &scores, s, &sel, k)?);
+            }
+            if !mla_only {
+                let sel_set = gpu.storage("sel set", (k * 4) as u64);
+                let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::topk_set(&gpu, enc, &scratch, &scores, s, 1, s - 1, s, &sel_set, &sel_s, prof))?;
+                out.push((format!("top-{k} set (unordered) of indexer scores, S={s}"), t, (s * 4) as f64));
+                report_check(format!("top-{k} set S={s} vs CPU reference"), check_topk_set(&gpu, &scores, s, &sel_set, k)?);
+            }
             let mut cache = PagedRows::new(&gpu, "latent", dims.width(), 1024, s)?;
             cache.upload(&gpu, &random(s as u64 + 1, s * dims.width()))?;
             let qa = gpu.storage_from("qa", &random(3, dims.heads * dims.width()));
             let gate = gpu.storage_from("gate", &random(4, dims.heads * dims.v_dim));
-            let part = gpu.storage("part", dsa::partial_bytes(&dims, 1, dsa::attend_splits(k)) as u64);
+            let part = gpu.storage("part", dsa::partial_bytes(&dims, 1, dsa::MLA_MAX_SPLITS) as u64);
             let o = gpu.storage("o", (dims.heads * dims.v_dim * 4) as u64);
             let lse = gpu.storage("lse", (dims.heads * 4) as u64);
             let o_ref = gpu.storage("o per-head", (dims.heads * dims.v_dim * 4) as u64);
             let lse_ref = gpu.storage("lse per-head", (dims.heads * 4) as u64);
-            for (v, label) in [(dsa::MlaVariant::PerHead, "per head"), (dsa::MlaVariant::Grouped, "8 heads per workgroup")] {
+            for (v, label) in [(dsa::MlaVariant::PerHead, "per head"), (dsa::MlaVariant::Tiled, "tiled, 16 heads per workgroup")] {
                 let (ob, lb) = if v == dsa::MlaVariant::PerHead { (&o_ref, &lse_ref) } else { (&o, &lse) };
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                     dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, ob, lb, 1, s - 1, prof)
                 })?;
                 out.push((format!("sparse MLA {label}, {k} rows of 576, S={s}"), t, (k * dims.width() * 2) as f64));
             }
-            for v in [dsa::MlaVariant::PerHead, dsa::MlaVariant::Grouped] {
+            for v in [dsa::MlaVariant::PerHead, dsa::MlaVariant::Tiled] {
                 let b = breakdown(&gpu, |enc, prof| {
                     dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
                 })?;
                 println!("  sparse MLA {v:?} per pass, S={s}: {b}");
+            }
+            // Grid sizing of the tiled path: attention workgroups per query, W_UV rows per merge workgroup.
+            if s == sizes[0] && sweep {
+                let default = dsa::set_mla_tuning(dsa::MlaTuning::default());
+                for (target_groups, out_rows, checked) in
+                    [(64, 32, false), (128, 32, false), (128, 64, false), (192, 32, false), (256, 32, false), (256, 64, false), (512, 32, false), (256, 32, true)]
+                {
+                    {
+                        dsa::set_mla_tuning(dsa::MlaTuning { target_groups, out_rows, checked });
+                        let t = time_gpu(&gpu, wu, reps, |enc, prof| {
+                            dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
+                        })?;
+                        let splits = dsa::attend_splits(&dims, k, 1);
+                        let checks = if checked { ", wgpu runtime checks" } else { "" };
+                        out.push((format!("sparse MLA tiled, {splits} splits (target {target_groups}), {out_rows} W_UV rows per workgroup{checks}, S={s}"), t, (k * dims.width() * 2) as f64));
+                        let b = breakdown(&gpu, |enc, prof| {
+                            dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
+                        })?;
+                        println!("  tuning ({target_groups}, {out_rows}, checked {checked}) per pass: {b}");
+                    }
+                }
+                dsa::set_mla_tuning(default);
             }
             let err = |a: &wgpu::Buffer, b: &wgpu::Buffer, n: usize| -> anyhow::Result<f64> {
                 let x: Vec<f32> = gpu.read(a, n)?;
@@ -298,7 +347,7 @@ fn main() -> anyhow::Result<()> {
                 Ok((num / den.max(1e-300)).sqrt())
             };
             report_check(
-                format!("sparse MLA grouped vs per head, S={s}"),
+                format!("sparse MLA tiled vs per head, S={s}"),
                 format!(
                     "o rel L2 {:.2e}, lse rel L2 {:.2e}",
                     err(&o_ref, &o, dims.heads * dims.v_dim)?,
@@ -313,7 +362,7 @@ fn main() -> anyhow::Result<()> {
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                     dsa::mla_attention(&gpu, enc, &dims, &cache, &qa, Some((&sel_near, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
                 })?;
-                out.push((format!("sparse MLA 8 heads per workgroup, last {k} rows, S={s}"), t, (k * dims.width() * 2) as f64));
+                out.push((format!("sparse MLA tiled, last {k} rows, S={s}"), t, (k * dims.width() * 2) as f64));
             }
             Ok(out)
         };
@@ -322,7 +371,7 @@ fn main() -> anyhow::Result<()> {
             Err(e) => println!("S={s}: skipped: {e}"),
         }
     }
-    if indexer_only {
+    if indexer_only || mla_only {
         return save(json_out, &gpu, copy, &rows, serde_json::Value::Null);
     }
     // The acceptance figure: top-2048 of a 200K row of random scores.

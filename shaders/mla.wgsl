@@ -1,16 +1,18 @@
-// Sparse absorbed MLA attention (spec 5.4) over the paged latent cache.
+// Sparse absorbed MLA attention (spec 5.4) over the paged latent cache, decode and prefill.
 //
-//   mla_absorb   qa[t,h] = scale * [ W_UK,h^T q_nope[t,h] | q_pe[t,h] ]          [T, H, R+E]
-//   mla_attend_grouped  as mla_attend for 8 heads per workgroup (each row staged once per 8 heads)
-//   mla_attend   per (t, h, split): online softmax of qa[t,h] . row_s over its share of the
-//                selected rows (or all s <= q_pos0 + t when dense), partial (m, l, sum p*c[0..R])
-//   mla_merge    per (t, h, 128 columns): merge the splits into obar (over split 0's partial), lse
-//   mla_out      per (t, W_UV row): o = W_UV,h obar, optional sigmoid gate
-//   mla_logits   dense logits qa[t,h] . row_s for diagnostics, -inf beyond the causal limit
+//   mla_absorb        qa[t,h] = scale * [ W_UK,h^T q_nope[t,h] | q_pe[t,h] ]           [T, H, R+E]
+//   mla_attend_tiled  per (split, 16 heads, t): online softmax of qa[t,h] . row_s over the split's
+//                     share of the selected rows (all s <= q_pos0 + t when dense) -> partials
+//   mla_attend        the same partials per (split, head, t) (simple fallback, for debugging)
+//   mla_merge_out     per (32 W_UV rows of head h, t): merges the splits into obar in workgroup
+//                     memory, o = W_UV,h obar (optional sigmoid gate), lse
+//   mla_logits        dense logits qa[t,h] . row_s for diagnostics, -inf beyond the causal limit
 // Preconditions (host): q [T, q_stride] f32 with head h at h*(Dn+E) (nope then pe); kv_b_proj
-// bf16 [H*(Dn+Dv), R] packed two per u32; R even, R <= 512, R+E <= 576, (R+E) % 8 == 0; the latent
-// cache rows are R+E bf16 (c then k_pe) in pages c0..c15 (page i holds page0 << min(i,
-// shift_max) rows); sel [T, k] i32 with -1 padding; part [T, H, splits, R+2] f32.
+// bf16 [H*(Dn+Dv), R] packed two per u32 (also bound as vec4s); R even, R <= 512, R+E <= 576,
+// (R+E) % 8 == 0, Dn <= 512; the latent cache rows are R+E bf16 (c then k_pe) in pages c0..c15
+// (page i holds page0 << min(i, shift_max) rows); sel [T, k] i32 with -1 padding; partials
+// [T, H, splits, ceil(R/4) + 1] vec4: sum p*c[0..R] (padded to whole vec4s), then (m, l, -, -);
+// splits <= 128.
 
 struct MlaParams {
     n_heads: u32,
@@ -39,6 +41,9 @@ const ROW_WORDS_MAX: u32 = 288u; // (R + E) / 2 <= 288, i.e. R + E <= 576
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> wkv: array<u32>;
 @group(0) @binding(3) var<storage, read_write> qa: array<f32>;
+@group(0) @binding(26) var<storage, read_write> part4: array<vec4<f32>>;
+@group(0) @binding(27) var<storage, read> qa4: array<vec4<f32>>;
+@group(0) @binding(28) var<storage, read> wkv4: array<vec4<u32>>;
 
 fn lo(x: u32) -> f32 {
     return bitcast<f32>(x << 16u);
@@ -48,21 +53,45 @@ fn hi(x: u32) -> f32 {
     return bitcast<f32>(x & 0xffff0000u);
 }
 
-fn wkv_at(i: u32) -> f32 {
-    let word = wkv[i >> 1u];
-    return select(lo(word), hi(word), (i & 1u) == 1u);
+// Elements 0-3 and 4-7 of a 16-byte unit of eight bf16 (element 2i is the low half of word i).
+fn first4(x: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(lo(x.x), hi(x.x), lo(x.y), hi(x.y));
 }
 
-// mla_absorb: grid (ceil(R / 128), H, T); thread (word u of 64, row group g of 4) sums rows
-// i = g, g + 4, ... of W_UK,h for two latent columns, eight independent loads per step (a
-// thread per column looping over all rows waited on each load in turn).
-var<workgroup> qn: array<f32, 512>;
-var<workgroup> part2: array<vec2<f32>, 256>;
+fn last4(x: vec4<u32>) -> vec4<f32> {
+    return vec4<f32>(lo(x.z), hi(x.z), lo(x.w), hi(x.w));
+}
 
-fn absorb_term(row0: u32, i: u32, w: u32, words: u32) -> vec2<f32> {
-    let ic = min(i, p.nope - 1u);
-    let x = wkv[(row0 + ic) * words + w];
-    return select(0.0, qn[ic], i < p.nope) * vec2<f32>(lo(x), hi(x));
+// Unit u (columns 8u..8u+8, zero past column R) of kv_b_proj row `row`: one 16-byte load when
+// rows start on 16 bytes (R % 8 == 0), else word by word.
+fn wkv_unit(row: u32, u: u32) -> vec4<u32> {
+    let words = p.latent / 2u;
+    if (p.latent % 8u == 0u) {
+        return wkv4[row * (words / 4u) + u];
+    }
+    var x = vec4<u32>(0u);
+    for (var k = 0u; k < 4u; k++) {
+        let w = 4u * u + k;
+        if (w < words) {
+            x[k] = wkv[row * words + w];
+        }
+    }
+    return x;
+}
+
+// mla_absorb: grid (ceil(R / 128), H, T). Thread (unit cu of 16, row group g of 16) sums rows
+// g, g + 16, ... of W_UK,h for eight latent columns, eight 16-byte loads in flight; the 16 row
+// groups meet in workgroup memory.
+var<workgroup> qn: array<f32, 512>;
+var<workgroup> absorb_red: array<vec4<f32>, 512>; // [row group][unit][half]
+
+// W_UK,h row i's unit u scaled by q_nope[i] (zero past Dn), as elements 0-3 and 4-7.
+fn absorb_load(row0: u32, i: u32, u: u32) -> vec4<u32> {
+    return wkv_unit(row0 + min(i, p.nope - 1u), u);
+}
+
+fn absorb_coef(i: u32) -> f32 {
+    return select(0.0, qn[min(i, p.nope - 1u)], i < p.nope);
 }
 
 @compute @workgroup_size(256)
@@ -70,7 +99,6 @@ fn mla_absorb(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
     let h = wg.y;
     let t = wg.z;
     let width = p.latent + p.rope;
-    let words = p.latent / 2u;
     let qh = t * p.q_stride + h * (p.nope + p.rope);
     let out = (t * p.n_heads + h) * width;
     for (var i = lid; i < p.nope; i += WG) {
@@ -82,28 +110,49 @@ fn mla_absorb(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         }
     }
     workgroupBarrier();
-    let u = lid % 64u;
-    let g = lid / 64u;
-    let w = min(wg.x * 64u + u, words - 1u);
+    let cu = lid % 16u;
+    let g = lid / 16u;
+    let units = (p.latent + 7u) / 8u;
+    let u = min(wg.x * 16u + cu, units - 1u);
     let row0 = h * (p.nope + p.v_dim);
-    var acc = vec2<f32>(0.0);
-    for (var i0 = g; i0 < p.nope; i0 += 32u) {
-        let t0 = absorb_term(row0, i0, w, words);
-        let t1 = absorb_term(row0, i0 + 4u, w, words);
-        let t2 = absorb_term(row0, i0 + 8u, w, words);
-        let t3 = absorb_term(row0, i0 + 12u, w, words);
-        let t4 = absorb_term(row0, i0 + 16u, w, words);
-        let t5 = absorb_term(row0, i0 + 20u, w, words);
-        let t6 = absorb_term(row0, i0 + 24u, w, words);
-        let t7 = absorb_term(row0, i0 + 28u, w, words);
-        acc += ((t0 + t1) + (t2 + t3)) + ((t4 + t5) + (t6 + t7));
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var i0 = g; i0 < p.nope; i0 += 128u) {
+        let x0 = absorb_load(row0, i0, u);
+        let x1 = absorb_load(row0, i0 + 16u, u);
+        let x2 = absorb_load(row0, i0 + 32u, u);
+        let x3 = absorb_load(row0, i0 + 48u, u);
+        let x4 = absorb_load(row0, i0 + 64u, u);
+        let x5 = absorb_load(row0, i0 + 80u, u);
+        let x6 = absorb_load(row0, i0 + 96u, u);
+        let x7 = absorb_load(row0, i0 + 112u, u);
+        let c0 = absorb_coef(i0);
+        let c1 = absorb_coef(i0 + 16u);
+        let c2 = absorb_coef(i0 + 32u);
+        let c3 = absorb_coef(i0 + 48u);
+        let c4 = absorb_coef(i0 + 64u);
+        let c5 = absorb_coef(i0 + 80u);
+        let c6 = absorb_coef(i0 + 96u);
+        let c7 = absorb_coef(i0 + 112u);
+        a += ((c0 * first4(x0) + c1 * first4(x1)) + (c2 * first4(x2) + c3 * first4(x3)))
+            + ((c4 * first4(x4) + c5 * first4(x5)) + (c6 * first4(x6) + c7 * first4(x7)));
+        b += ((c0 * last4(x0) + c1 * last4(x1)) + (c2 * last4(x2) + c3 * last4(x3)))
+            + ((c4 * last4(x4) + c5 * last4(x5)) + (c6 * last4(x6) + c7 * last4(x7)));
     }
-    part2[lid] = acc;
+    absorb_red[(g * 16u + cu) * 2u] = a;
+    absorb_red[(g * 16u + cu) * 2u + 1u] = b;
     workgroupBarrier();
-    if (g == 0u && wg.x * 64u + u < words) {
-        let s = (part2[u] + part2[u + 64u]) + (part2[u + 128u] + part2[u + 192u]);
-        qa[out + 2u * w] = s.x * p.scale;
-        qa[out + 2u * w + 1u] = s.y * p.scale;
+    if (lid < 32u) {
+        var s = vec4<f32>(0.0);
+        for (var gg = 0u; gg < 16u; gg++) {
+            s += absorb_red[gg * 32u + lid];
+        }
+        let c0 = wg.x * 128u + lid * 4u;
+        for (var k = 0u; k < 4u; k++) {
+            if (c0 + k < p.latent) {
+                qa[out + c0 + k] = s[k] * p.scale;
+            }
+        }
     }
 }
 
@@ -173,7 +222,8 @@ fn selected_pos(t: u32, idx: u32, r1: u32) -> u32 {
         return idx;
     }
     let s = sel[t * p.k + idx];
-    return select(NONE, u32(s), s >= 0);
+    // Clamped to the causal limit: a bad entry reads a valid row, never past the pages.
+    return select(NONE, min(u32(s), p.q_pos0 + t), s >= 0);
 }
 
 fn n_selected(t: u32) -> u32 {
@@ -267,324 +317,349 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
         }
         workgroupBarrier();
     }
-    let out = ((t * p.n_heads + h) * p.splits + split) * (p.latent + 2u);
+    // Partial layout of mla_merge_out: sum p*c in vec4s 0..ceil(R/4), then (m, l).
+    let r4v = (p.latent + 3u) / 4u;
+    let out = ((t * p.n_heads + h) * p.splits + split) * (r4v + 1u) * 4u;
     if (lid == 0u) {
-        part[out] = m;
-        part[out + 1u] = l;
+        part[out + 4u * r4v] = m;
+        part[out + 4u * r4v + 1u] = l;
     }
     if (2u * lid < p.latent) {
-        part[out + 2u + 2u * lid] = acc[0];
-        part[out + 3u + 2u * lid] = acc[1];
-    }
-}
-
-// mla_attend_grouped: the same partials as mla_attend, but one workgroup serves HG heads of a
-// query, so each selected row is staged in workgroup memory once per HG heads (not once per
-// head): grid (splits, ceil(H / HG), T). Per block of 16 rows: 16 threads per row stage it with
-// 16-byte loads (one page lookup per thread; the next block's loads are in flight while this one
-// is used); thread (half, head, row) forms half of one logit from 16-byte units; 128 threads
-// (head, row) run the block's online-softmax step in parallel; then every thread owning latent
-// word lid accumulates p * c for all HG heads (vec2 accumulators in registers).
-const HG: u32 = 8u;
-const QU: u32 = 144u;     // q vec4s per head in qv (>= (R + E) / 4)
-const USTRIDE: u32 = 73u; // staged row stride in 16-byte units (odd: rows fall in different banks)
-const SU: u32 = 5u;       // staged units per thread per block: ceil(72 / 16)
-
-var<workgroup> rows_u: array<vec4<u32>, 1168>; // BLOCK x USTRIDE
-var<workgroup> qv: array<vec4<f32>, 1152>;     // HG x QU
-var<workgroup> lgb: array<f32, 256>;           // half-dot partials [half][head][row]
-var<workgroup> pl: array<f32, 128>;            // logits [head][row] of the block
-var<workgroup> pe: array<f32, 128>;            // p [head][row] of the block
-var<workgroup> hm: array<f32, HG>;             // running max per head
-var<workgroup> hl: array<f32, HG>;             // running sum per head
-var<workgroup> hc: array<f32, HG>;             // this block's rescale per head
-var<workgroup> rpg: array<u32, 32>;            // [2 slots][BLOCK] page of each row (NONE: no row)
-var<workgroup> rbs: array<u32, 32>;            // [2 slots][BLOCK] first unit of each row in its page
-
-// Selection entry idx (< r1) of query t as (page, first unit) in slot `slot`, row lid.
-fn row_at(slot: u32, b: u32, r1: u32, t: u32, units: u32, lid: u32) {
-    let pos = selected_pos(t, b + lid, r1);
-    if (pos == NONE) {
-        rpg[slot * BLOCK + lid] = NONE;
-        rbs[slot * BLOCK + lid] = 0u;
-    } else {
-        let at = locate(pos);
-        rpg[slot * BLOCK + lid] = at.x;
-        rbs[slot * BLOCK + lid] = at.y * units;
+        part[out + 2u * lid] = acc[0];
+        part[out + 2u * lid + 1u] = acc[1];
     }
 }
 
 #include "lib/bf16_unit.wgsl"
 
+// mla_attend_tiled: grid (splits, ceil(H / 16), T); a workgroup owns 16 heads of a query and a
+// split of the selection, in blocks of 8 rows. Per block: the rows (loaded into registers one
+// block ahead, 16-byte loads, one page lookup per row) are widened to f32 in workgroup memory;
+// logits: thread (head, dim slice of 16) keeps its slice of q in registers (36 f32) and forms
+// partial dots for the 8 rows (each row vec4 read by a warp is shared by its 16 heads), which
+// 128 threads (head, row) sum; online softmax per head; p.c: thread (8 heads, 4 latent columns)
+// accumulates 32 values per row from one vec4 of the row and two of p. 5 barriers per block;
+// 28.5 KB of workgroup memory (fits 32 KiB adapters). On the H200 the logits are bound by
+// workgroup-memory bandwidth (a broadcast vec4 read still costs a full warp's 512 bytes, here for
+// 4 FMAs per lane): holding more heads' q per thread is the next step (docs/perf.md).
+const HG: u32 = 16u;         // heads per workgroup
+const BR: u32 = 8u;          // selected rows per block
+const KS: u32 = 16u;         // dim slices of a logit
+const ROW_V: u32 = 144u;     // f32 vec4s per staged row (R + E <= 576)
+const PL_STRIDE: u32 = 272u; // part_l row stride: KS * HG + 16 (rows r, r+1 in other banks)
+
+var<workgroup> rows_f: array<vec4<f32>, 1152>; // [row][ROW_V] the block's rows in f32
+var<workgroup> part_l: array<f32, 2176>;       // [row][slice][head] partial logits
+var<workgroup> lgt: array<f32, 128>;           // [row][head] logits of the block
+var<workgroup> pb: array<vec4<f32>, 32>;       // [row][head quad] softmax weights
+var<workgroup> corr_q: array<vec4<f32>, 4>;    // [head quad] rescale of the accumulators
+var<workgroup> head_ml: array<vec2<f32>, 16>;  // final (m, l) per head
+var<workgroup> row_pg: array<u32, 16>;         // [slot][row] page of each row (NONE: no row)
+var<workgroup> row_bs: array<u32, 16>;         // [slot][row] first 16-byte unit in its page
+
+fn put_row(slot: u32, i: u32, pos: u32, units: u32) {
+    if (pos == NONE) {
+        row_pg[slot * BR + i] = NONE;
+        row_bs[slot * BR + i] = 0u;
+    } else {
+        let at = locate(pos);
+        row_pg[slot * BR + i] = at.x;
+        row_bs[slot * BR + i] = at.y * units;
+    }
+}
+
+// Unit u of the row in `slot`, row sr (zero for no row or past the row).
+fn row_unit(slot: u32, sr: u32, u: u32, units: u32) -> vec4<u32> {
+    let pg = row_pg[slot * BR + sr];
+    var x = vec4<u32>(0u);
+    if (pg != NONE && u < units) {
+        x = page_unit(pg, row_bs[slot * BR + sr] + u);
+    }
+    return x;
+}
+
+fn stage_unit(sr: u32, u: u32, x: vec4<u32>) {
+    if (u < ROW_V / 2u) {
+        rows_f[sr * ROW_V + 2u * u] = first4(x);
+        rows_f[sr * ROW_V + 2u * u + 1u] = last4(x);
+    }
+}
+
+fn q_slice(base: u32, v: u32, ok: bool, width_v: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    if (ok && v < width_v) {
+        x = qa4[base + v];
+    }
+    return x;
+}
+
+fn put_partial(t: u32, head: u32, split: u32, cv: u32, r4v: u32, a: vec4<f32>, ml: vec2<f32>) {
+    if (head >= p.n_heads) {
+        return;
+    }
+    let base = ((t * p.n_heads + head) * p.splits + split) * (r4v + 1u);
+    if (cv < r4v) {
+        part4[base + cv] = a;
+    }
+    if (cv == 0u) {
+        part4[base + r4v] = vec4<f32>(ml, 0.0, 0.0);
+    }
+}
+
 @compute @workgroup_size(256)
-fn mla_attend_grouped(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn mla_attend_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let split = wg.x;
     let h0 = wg.y * HG;
     let t = wg.z;
     let width = p.latent + p.rope;
     let units = width / 8u;
+    let r4v = (p.latent + 3u) / 4u;
     let ninf = bitcast<f32>(0xff800000u);
-    for (var i = lid; i < HG * QU; i += WG) {
-        let hh = i / QU;
-        let u = i - hh * QU;
-        var v = vec4<f32>(0.0);
-        if (h0 + hh < p.n_heads && u < 2u * units) {
-            let qb = (t * p.n_heads + h0 + hh) * width + 4u * u;
-            v = vec4<f32>(qa[qb], qa[qb + 1u], qa[qb + 2u], qa[qb + 3u]);
-        }
-        qv[i] = v;
-    }
-    if (lid < HG) {
-        hm[lid] = ninf;
-        hl[lid] = 0.0;
-    }
     let n_sel = n_selected(t);
-    let per = (n_sel + p.splits - 1u) / p.splits;
+    let per = ((n_sel + p.splits - 1u) / p.splits + BR - 1u) / BR * BR;
     let r0 = min(n_sel, split * per);
     let r1 = min(n_sel, r0 + per);
-    // Staging role: row sr of the block, units su + 16 j.
-    let sr = lid / 16u;
-    let su = lid % 16u;
-    // Logit role: (half, head lh, row lr).
-    let lr = lid % BLOCK;
-    let lh = (lid / BLOCK) % HG;
-    let half = lid / (BLOCK * HG);
-    let hu = (units + 1u) / 2u;
-    let u_end = min(units, half * hu + hu);
-    let owned = lid < p.latent / 2u;
-    var a0 = vec2<f32>(0.0);
-    var a1 = vec2<f32>(0.0);
-    var a2 = vec2<f32>(0.0);
-    var a3 = vec2<f32>(0.0);
-    var a4 = vec2<f32>(0.0);
-    var a5 = vec2<f32>(0.0);
-    var a6 = vec2<f32>(0.0);
-    var a7 = vec2<f32>(0.0);
-    if (lid < BLOCK) {
-        row_at(0u, r0, r1, t, units, lid);
+    // Logit role: head h1, dim slice ks (vec4s ks + 16 j); softmax role (lid < 128): head h1, row sr1.
+    let h1 = lid % HG;
+    let ks = lid / HG;
+    let sr1 = lid / HG;
+    // Staging role: row sr, units su + 32 j.
+    let sr = lid / 32u;
+    let su = lid % 32u;
+    // p.c role: columns 4 cv..4 cv + 4 of heads 8 hq .. 8 hq + 8.
+    let cv = lid % 128u;
+    let hq = lid / 128u;
+    let qbase = (t * p.n_heads + h0 + h1) * (width / 4u);
+    let qok = h0 + h1 < p.n_heads;
+    let wv = width / 4u;
+    let q0 = q_slice(qbase, ks, qok, wv);
+    let q1 = q_slice(qbase, ks + 16u, qok, wv);
+    let q2 = q_slice(qbase, ks + 32u, qok, wv);
+    let q3 = q_slice(qbase, ks + 48u, qok, wv);
+    let q4 = q_slice(qbase, ks + 64u, qok, wv);
+    let q5 = q_slice(qbase, ks + 80u, qok, wv);
+    let q6 = q_slice(qbase, ks + 96u, qok, wv);
+    let q7 = q_slice(qbase, ks + 112u, qok, wv);
+    let q8 = q_slice(qbase, ks + 128u, qok, wv);
+    // Selection entries are read one block ahead of their lookup, rows one block ahead of use.
+    var pos_ahead = NONE;
+    if (lid < BR) {
+        put_row(0u, lid, selected_pos(t, r0 + lid, r1), units);
+        pos_ahead = selected_pos(t, r0 + BR + lid, r1);
     }
     workgroupBarrier();
-    var xs: array<vec4<u32>, SU>;
-    {
-        let pg = rpg[sr];
-        let rb = rbs[sr];
-        for (var j = 0u; j < SU; j++) {
-            let u = su + 16u * j;
-            xs[j] = select(vec4<u32>(0u), page_unit(pg, rb + min(u, units - 1u)), pg != NONE && u < units);
-        }
-    }
+    var x0 = row_unit(0u, sr, su, units);
+    var x1 = row_unit(0u, sr, su + 32u, units);
+    var x2 = row_unit(0u, sr, su + 64u, units);
+    var m_run = ninf;
+    var l_run = 0.0;
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    var a4 = vec4<f32>(0.0);
+    var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0);
+    var a7 = vec4<f32>(0.0);
     var slot = 0u;
-    for (var b = r0; b < r1; b += BLOCK) {
-        if (lid < BLOCK) {
-            row_at(1u - slot, b + BLOCK, r1, t, units, lid);
+    for (var b = r0; b < r1; b += BR) {
+        if (lid < BR) {
+            put_row(1u - slot, lid, pos_ahead, units);
+            pos_ahead = selected_pos(t, b + 2u * BR + lid, r1);
         }
-        for (var j = 0u; j < SU; j++) {
-            let u = su + 16u * j;
-            if (u < units) {
-                rows_u[sr * USTRIDE + u] = xs[j];
+        stage_unit(sr, su, x0);
+        stage_unit(sr, su + 32u, x1);
+        stage_unit(sr, su + 64u, x2);
+        workgroupBarrier();
+        x0 = row_unit(1u - slot, sr, su, units);
+        x1 = row_unit(1u - slot, sr, su + 32u, units);
+        x2 = row_unit(1u - slot, sr, su + 64u, units);
+        for (var r = 0u; r < BR; r++) {
+            let rb = r * ROW_V + ks;
+            let s = q0 * rows_f[rb] + q1 * rows_f[rb + 16u] + q2 * rows_f[rb + 32u] + q3 * rows_f[rb + 48u]
+                + q4 * rows_f[rb + 64u] + q5 * rows_f[rb + 80u] + q6 * rows_f[rb + 96u] + q7 * rows_f[rb + 112u]
+                + q8 * rows_f[rb + 128u];
+            part_l[r * PL_STRIDE + lid] = (s.x + s.y) + (s.z + s.w);
+        }
+        workgroupBarrier();
+        if (lid < BR * HG) {
+            var s = 0.0;
+            for (var k = 0u; k < KS; k++) {
+                s += part_l[sr1 * PL_STRIDE + k * HG + h1];
             }
+            lgt[lid] = select(ninf, s, row_pg[slot * BR + sr1] != NONE);
         }
         workgroupBarrier();
-        if (b + BLOCK < r1) {
-            let pg = rpg[(1u - slot) * BLOCK + sr];
-            let rb = rbs[(1u - slot) * BLOCK + sr];
-            for (var j = 0u; j < SU; j++) {
-                let u = su + 16u * j;
-                xs[j] = select(vec4<u32>(0u), page_unit(pg, rb + min(u, units - 1u)), pg != NONE && u < units);
-            }
-        }
-        var d = 0.0;
-        let rb = lr * USTRIDE;
-        let qb = lh * QU;
-        for (var u = half * hu; u < u_end; u++) {
-            d += unit_dot(rows_u[rb + u], qv[qb + 2u * u], qv[qb + 2u * u + 1u]);
-        }
-        lgb[lid] = d;
-        workgroupBarrier();
-        // Online softmax step, thread (head sh, row sr2) for lid < 128.
-        let sh = lid / BLOCK;
-        let sr2 = lid % BLOCK;
-        var mn = ninf;
-        if (lid < BLOCK * HG) {
-            pl[lid] = select(ninf, lgb[lid] + lgb[BLOCK * HG + lid], rpg[slot * BLOCK + sr2] != NONE);
-        }
-        workgroupBarrier();
-        if (lid < BLOCK * HG) {
+        if (lid < BR * HG) {
             var mb = ninf;
-            for (var r = 0u; r < BLOCK; r++) {
-                mb = max(mb, pl[sh * BLOCK + r]);
+            for (var r = 0u; r < BR; r++) {
+                mb = max(mb, lgt[r * HG + h1]);
             }
-            let mo = hm[sh];
-            mn = max(mo, mb);
-            pe[lid] = select(0.0, exp(pl[lid] - mn), mn > ninf);
-            if (sr2 == 0u) {
-                hc[sh] = select(1.0, exp(mo - mn), mn > ninf);
+            let mn = max(m_run, mb);
+            let live = mn > ninf;
+            pb[sr1 * 4u + h1 / 4u][h1 % 4u] = select(0.0, exp(lgt[lid] - mn), live);
+            if (sr1 == 0u) {
+                let c = select(1.0, exp(m_run - mn), live);
+                corr_q[h1 / 4u][h1 % 4u] = c;
+                var sum = 0.0;
+                for (var r = 0u; r < BR; r++) {
+                    sum += select(0.0, exp(lgt[r * HG + h1] - mn), live);
+                }
+                l_run = l_run * c + sum;
             }
+            m_run = mn;
         }
         workgroupBarrier();
-        if (lid < BLOCK * HG && sr2 == 0u) {
-            var sum = 0.0;
-            for (var r = 0u; r < BLOCK; r++) {
-                sum += pe[lid + r];
-            }
-            hl[sh] = hl[sh] * hc[sh] + sum;
-            hm[sh] = mn;
-        }
-        if (owned) {
-            a0 *= hc[0];
-            a1 *= hc[1];
-            a2 *= hc[2];
-            a3 *= hc[3];
-            a4 *= hc[4];
-            a5 *= hc[5];
-            a6 *= hc[6];
-            a7 *= hc[7];
-            let wu = lid >> 2u;
-            let wc = lid & 3u;
-            for (var r = 0u; r < BLOCK; r++) {
-                let xw = rows_u[r * USTRIDE + wu][wc];
-                let x = vec2<f32>(bitcast<f32>(xw << 16u), bitcast<f32>(xw & 0xffff0000u));
-                a0 += pe[r] * x;
-                a1 += pe[BLOCK + r] * x;
-                a2 += pe[2u * BLOCK + r] * x;
-                a3 += pe[3u * BLOCK + r] * x;
-                a4 += pe[4u * BLOCK + r] * x;
-                a5 += pe[5u * BLOCK + r] * x;
-                a6 += pe[6u * BLOCK + r] * x;
-                a7 += pe[7u * BLOCK + r] * x;
+        if (cv < r4v) {
+            let c0 = corr_q[2u * hq];
+            let c1 = corr_q[2u * hq + 1u];
+            a0 *= c0.x;
+            a1 *= c0.y;
+            a2 *= c0.z;
+            a3 *= c0.w;
+            a4 *= c1.x;
+            a5 *= c1.y;
+            a6 *= c1.z;
+            a7 *= c1.w;
+            for (var r = 0u; r < BR; r++) {
+                let x = rows_f[r * ROW_V + cv];
+                let p0 = pb[r * 4u + 2u * hq];
+                let p1 = pb[r * 4u + 2u * hq + 1u];
+                a0 += p0.x * x;
+                a1 += p0.y * x;
+                a2 += p0.z * x;
+                a3 += p0.w * x;
+                a4 += p1.x * x;
+                a5 += p1.y * x;
+                a6 += p1.z * x;
+                a7 += p1.w * x;
             }
         }
         workgroupBarrier();
         slot = 1u - slot;
     }
-    workgroupBarrier();
-    let stride = p.latent + 2u;
-    for (var hh = 0u; hh < HG; hh++) {
-        let h = h0 + hh;
-        if (h >= p.n_heads) {
-            break;
-        }
-        let out = ((t * p.n_heads + h) * p.splits + split) * stride;
-        if (lid == 0u) {
-            part[out] = hm[hh];
-            part[out + 1u] = hl[hh];
-        }
-        if (owned) {
-            var a = a0;
-            switch hh {
-                case 1u: { a = a1; }
-                case 2u: { a = a2; }
-                case 3u: { a = a3; }
-                case 4u: { a = a4; }
-                case 5u: { a = a5; }
-                case 6u: { a = a6; }
-                case 7u: { a = a7; }
-                default: {}
-            }
-            part[out + 2u + 2u * lid] = a.x;
-            part[out + 3u + 2u * lid] = a.y;
-        }
+    if (lid < HG) {
+        head_ml[lid] = vec2<f32>(m_run, l_run);
     }
+    workgroupBarrier();
+    let hb = h0 + 8u * hq;
+    put_partial(t, hb, split, cv, r4v, a0, head_ml[8u * hq]);
+    put_partial(t, hb + 1u, split, cv, r4v, a1, head_ml[8u * hq + 1u]);
+    put_partial(t, hb + 2u, split, cv, r4v, a2, head_ml[8u * hq + 2u]);
+    put_partial(t, hb + 3u, split, cv, r4v, a3, head_ml[8u * hq + 3u]);
+    put_partial(t, hb + 4u, split, cv, r4v, a4, head_ml[8u * hq + 4u]);
+    put_partial(t, hb + 5u, split, cv, r4v, a5, head_ml[8u * hq + 5u]);
+    put_partial(t, hb + 6u, split, cv, r4v, a6, head_ml[8u * hq + 6u]);
+    put_partial(t, hb + 7u, split, cv, r4v, a7, head_ml[8u * hq + 7u]);
 }
 
 @group(0) @binding(22) var<storage, read> gate: array<f32>;
 @group(0) @binding(23) var<storage, read_write> o: array<f32>;
 @group(0) @binding(24) var<storage, read_write> lse: array<f32>;
 
-// mla_merge: grid (ceil(R / 128), H, T). Merges the splits of (t, h) into obar (the softmax-
-// weighted mean of the latent rows), written over split 0's partial, and the log-sum-exp.
-// Thread (word u of 64, split group g of 4) adds splits g, g + 4, ... of its two columns
-// (independent loads), then the four groups meet in workgroup memory.
-var<workgroup> ms: array<f32, 32>;
-var<workgroup> ls: array<f32, 32>;
+// mla_merge_out: grid (H * ceil(Dv / OUT_ROWS), T). The workgroup of (head h, OUT_ROWS rows of
+// W_UV,h) merges the splits itself (weights exp(m_s - max) in workgroup memory, obar from 256
+// threads with eight partial loads in flight each), then 256 / OUT_ROWS threads per W_UV row
+// read it with 16-byte loads, eight in flight, and meet in workgroup memory; gate and lse.
+override OUT_ROWS: u32 = 32u;
+const MAX_SPLITS: u32 = 128u;
+
+var<workgroup> split_m: array<f32, MAX_SPLITS>;
+var<workgroup> split_l: array<f32, MAX_SPLITS>;
+var<workgroup> split_w: array<f32, MAX_SPLITS>;
+var<workgroup> obar: array<vec4<f32>, 256>; // [split parity][column vec4], then obar in 0..128
+var<workgroup> out_red: array<f32, WG>;
+
+// Split s's partial vec4 cv weighted by its merge weight (zero past the last split).
+fn merge_term(base: u32, s: u32, cv: u32, psv: u32) -> vec4<f32> {
+    let sc = min(s, p.splits - 1u);
+    return select(0.0, split_w[sc], s < p.splits) * part4[base + sc * psv + cv];
+}
+
+fn out_term(row: u32, u: u32, units: u32) -> f32 {
+    let uc = min(u, units - 1u);
+    return select(0.0, unit_dot(wkv_unit(row, uc), obar[2u * uc], obar[2u * uc + 1u]), u < units);
+}
 
 @compute @workgroup_size(256)
-fn mla_merge(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wg.y;
-    let t = wg.z;
-    let stride = p.latent + 2u;
-    let base = (t * p.n_heads + h) * p.splits * stride;
+fn mla_merge_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let n_vc = (p.v_dim + OUT_ROWS - 1u) / OUT_ROWS;
+    let h = wg.x / n_vc;
+    let vc = wg.x % n_vc;
+    let t = wg.y;
     let ninf = bitcast<f32>(0xff800000u);
-    if (lid < 32u) {
-        let s = min(lid, p.splits - 1u);
-        ms[lid] = select(ninf, part[base + s * stride], lid < p.splits);
-        ls[lid] = select(0.0, part[base + s * stride + 1u], lid < p.splits);
+    let r4v = (p.latent + 3u) / 4u;
+    let psv = r4v + 1u;
+    let base = (t * p.n_heads + h) * p.splits * psv;
+    for (var s = lid; s < p.splits; s += WG) {
+        let ml = part4[base + s * psv + r4v];
+        split_m[s] = ml.x;
+        split_l[s] = ml.y;
     }
     workgroupBarrier();
     var mx = ninf;
-    for (var s = 0u; s < 32u; s++) {
-        mx = max(mx, ms[s]);
+    for (var s = 0u; s < p.splits; s++) {
+        mx = max(mx, split_m[s]);
     }
+    for (var s = lid; s < p.splits; s += WG) {
+        split_w[s] = select(0.0, exp(split_m[s] - mx), split_m[s] > ninf);
+    }
+    workgroupBarrier();
     var total = 0.0;
-    for (var s = 0u; s < 32u; s++) {
-        total += select(0.0, ls[s] * exp(ms[s] - mx), ms[s] > ninf);
+    for (var s = 0u; s < p.splits; s++) {
+        total += split_w[s] * split_l[s];
     }
-    let inv = select(0.0, 1.0 / total, total > 0.0);
-    let words = p.latent / 2u;
-    let u = lid % 64u;
-    let g = lid / 64u;
-    let w = min(wg.x * 64u + u, words - 1u);
-    var acc = vec2<f32>(0.0);
-    for (var k = 0u; k < 8u; k++) {
-        let s = g + 4u * k;
-        let at = base + min(s, p.splits - 1u) * stride + 2u + 2u * w;
-        let v = vec2<f32>(part[at], part[at + 1u]);
-        let m = ms[min(s, 31u)];
-        acc += select(vec2<f32>(0.0), exp(m - mx) * v, s < p.splits && m > ninf);
-    }
-    part2[lid] = acc;
-    workgroupBarrier();
-    if (g == 0u && wg.x * 64u + u < words) {
-        let sum = (part2[u] + part2[u + 64u]) + (part2[u + 128u] + part2[u + 192u]);
-        part[base + 2u + 2u * w] = sum.x * inv;
-        part[base + 3u + 2u * w] = sum.y * inv;
-    }
-    if (wg.x == 0u && lid == 0u) {
-        lse[t * p.n_heads + h] = mx + log(total);
-    }
-}
-
-// mla_out: grid (ceil(H * Dv / 8), T). o[t, h, v] = W_UV[h, v] . obar[t, h] (optional sigmoid
-// gate): 32 threads per row, eight independent loads each, then a 32-way sum.
-var<workgroup> red_o: array<f32, 256>;
-
-@compute @workgroup_size(256)
-fn mla_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t = wg.y;
-    let lane = lid % 32u;
-    let rows = p.n_heads * p.v_dim;
-    let row = min(wg.x * 8u + lid / 32u, rows - 1u);
-    let h = row / p.v_dim;
-    let v = row - h * p.v_dim;
-    let words = p.latent / 2u;
-    let w0 = (h * (p.nope + p.v_dim) + p.nope + v) * words;
-    let ob = (t * p.n_heads + h) * p.splits * (p.latent + 2u) + 2u;
-    var acc = 0.0;
-    for (var c0 = 0u; c0 < words; c0 += 256u) {
-        var xs: array<u32, 8>;
-        for (var j = 0u; j < 8u; j++) {
-            xs[j] = wkv[w0 + min(c0 + lane + 32u * j, words - 1u)];
-        }
-        for (var j = 0u; j < 8u; j++) {
-            let c = c0 + lane + 32u * j;
-            let cc = min(c, words - 1u);
-            let d = lo(xs[j]) * part[ob + 2u * cc] + hi(xs[j]) * part[ob + 2u * cc + 1u];
-            acc += select(0.0, d, c < words);
+    let cv = lid % 128u;
+    let parity = lid / 128u;
+    var acc = vec4<f32>(0.0);
+    if (cv < r4v) {
+        for (var s = parity; s < p.splits; s += 16u) {
+            acc += ((merge_term(base, s, cv, psv) + merge_term(base, s + 2u, cv, psv))
+                + (merge_term(base, s + 4u, cv, psv) + merge_term(base, s + 6u, cv, psv)))
+                + ((merge_term(base, s + 8u, cv, psv) + merge_term(base, s + 10u, cv, psv))
+                + (merge_term(base, s + 12u, cv, psv) + merge_term(base, s + 14u, cv, psv)));
         }
     }
-    red_o[lid] = acc;
+    obar[lid] = acc;
     workgroupBarrier();
-    if (lid < 8u && wg.x * 8u + lid < rows) {
+    if (lid < 128u) {
+        let inv = select(0.0, 1.0 / total, total > 0.0);
+        let v = (obar[lid] + obar[lid + 128u]) * inv;
+        // Columns past R (k_pe, or unwritten padding) must not reach W_UV.
+        let col = vec4<u32>(4u * lid) + vec4<u32>(0u, 1u, 2u, 3u);
+        obar[lid] = select(vec4<f32>(0.0), v, col < vec4<u32>(p.latent));
+    }
+    workgroupBarrier();
+    let tpr = WG / OUT_ROWS;
+    let j = lid % tpr;
+    let v = vc * OUT_ROWS + lid / tpr;
+    let units = (p.latent + 7u) / 8u;
+    var d = 0.0;
+    if (v < p.v_dim) {
+        let row = h * (p.nope + p.v_dim) + p.nope + v;
+        for (var u = j; u < units; u += 8u * tpr) {
+            d += ((out_term(row, u, units) + out_term(row, u + tpr, units))
+                + (out_term(row, u + 2u * tpr, units) + out_term(row, u + 3u * tpr, units)))
+                + ((out_term(row, u + 4u * tpr, units) + out_term(row, u + 5u * tpr, units))
+                + (out_term(row, u + 6u * tpr, units) + out_term(row, u + 7u * tpr, units)));
+        }
+    }
+    out_red[lid] = d;
+    workgroupBarrier();
+    let vo = vc * OUT_ROWS + lid;
+    if (lid < OUT_ROWS && vo < p.v_dim) {
         var s = 0.0;
-        for (var j = 0u; j < 32u; j++) {
-            s += red_o[lid * 32u + j];
+        for (var k = 0u; k < tpr; k++) {
+            s += out_red[lid * tpr + k];
         }
-        let r = wg.x * 8u + lid;
-        let oi = t * rows + r;
+        let oi = (t * p.n_heads + h) * p.v_dim + vo;
         if (p.has_gate != 0u) {
             s *= 1.0 / (1.0 + exp(-gate[oi]));
         }
         o[oi] = s;
+    }
+    if (vc == 0u && lid == 0u) {
+        lse[t * p.n_heads + h] = mx + log(total);
     }
 }
 

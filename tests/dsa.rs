@@ -260,7 +260,7 @@ fn gpu_mla(
     t: usize,
     pos0: usize,
 ) -> (Vec<f32>, Vec<f32>) {
-    gpu_mla_v(g, dsa::MlaVariant::Grouped, d, cache, q, wkv, sel, t, pos0)
+    gpu_mla_v(g, dsa::MlaVariant::Tiled, d, cache, q, wkv, sel, t, pos0)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -278,7 +278,7 @@ fn gpu_mla_v(
     let qb = g.storage_from("q", q);
     let qa = g.storage("qa", (t * d.heads * d.width() * 4) as u64);
     let n_sel = sel.map_or(pos0 + t, |(_, k)| k.min(pos0 + t));
-    let part = g.storage("part", dsa::partial_bytes(d, t, dsa::attend_splits(n_sel)) as u64);
+    let part = g.storage("part", dsa::partial_bytes(d, t, dsa::attend_splits(d, n_sel, t)) as u64);
     let o = g.storage("o", (t * d.heads * d.v_dim * 4) as u64);
     let lse = g.storage("lse", (t * d.heads * 4) as u64);
     let sb = sel.map(|(s, k)| (g.storage_from("sel", s), k));
@@ -378,7 +378,7 @@ fn dense_and_sparse_attention_match_the_reference_across_pages() {
         s.resize(k, -1);
         sel.extend(s);
     }
-    for variant in [dsa::MlaVariant::Grouped, dsa::MlaVariant::PerHead] {
+    for variant in [dsa::MlaVariant::Tiled, dsa::MlaVariant::PerHead] {
         let (o, _) = gpu_mla_v(&g, variant, &d, &cache, &q, &wkv, Some((&sel, k)), t, pos0);
         for i in 0..t {
             let s: Vec<usize> = sel[i * k..(i + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
@@ -402,7 +402,7 @@ fn dense_and_sparse_attention_match_the_reference_across_pages() {
 }
 
 #[test]
-fn grouped_attention_at_the_k31_row_width() {
+fn attention_at_the_k31_row_width() {
     let Some(g) = gpu() else { return };
     // Latent 512 + rope 64 (every thread owns a latent word), 11 heads (a partial head group),
     // 200 positions in pages of 16, 32, ...; sparse and dense, both kernels.
@@ -424,7 +424,7 @@ fn grouped_attention_at_the_k31_row_width() {
         s.resize(k, -1);
         sel.extend(s);
     }
-    for variant in [dsa::MlaVariant::Grouped, dsa::MlaVariant::PerHead] {
+    for variant in [dsa::MlaVariant::Tiled, dsa::MlaVariant::PerHead] {
         let (o, lse) = gpu_mla_v(&g, variant, &d, &cache, &q, &wkv, Some((&sel, k)), t, pos0);
         let (od, _) = gpu_mla_v(&g, variant, &d, &cache, &q, &wkv, None, t, pos0);
         for i in 0..t {
@@ -658,14 +658,108 @@ fn preset_report(preset: &str) {
     }
 }
 
-/// The sparse-MLA default is the grouped kernel only where its workgroup memory fits the
-/// adapter; the per-head fallback fits every adapter with 32 KiB.
+/// The sparse-MLA kernels on the default path fit 32 KiB of workgroup memory (Metal, DX12), so
+/// the tiled kernel is the default wherever the adapter allows 32 KiB.
 #[test]
 fn mla_default_fits_the_adapters_workgroup_memory() {
     let Some(gpu) = support::gpu() else { return };
-    let grouped = gpu.pipelines.fits(&gpu, &dsa::MLA_ATTEND_GROUPED).expect("grouped kernel");
-    assert!(gpu.pipelines.fits(&gpu, &dsa::MLA_ATTEND).expect("per-head kernel"));
-    let want = if grouped { dsa::MlaVariant::Grouped } else { dsa::MlaVariant::PerHead };
+    for k in [dsa::MLA_ABSORB, dsa::MLA_ATTEND_TILED, dsa::MLA_MERGE_OUT, dsa::MLA_ATTEND] {
+        let bytes = gpu.pipelines.workgroup_bytes(&k).expect("workgroup bytes");
+        assert!(bytes <= 32 * 1024, "{} uses {bytes} B of workgroup memory", k.name);
+    }
+    let tiled = gpu.pipelines.fits(&gpu, &dsa::MLA_ATTEND_TILED).expect("tiled kernel");
+    let want = if tiled { dsa::MlaVariant::Tiled } else { dsa::MlaVariant::PerHead };
     assert_eq!(dsa::MlaVariant::default_for(&gpu).expect("default"), want);
-    eprintln!("workgroup memory limit {} B: grouped fits: {grouped}", gpu.caps.max_workgroup_storage);
+    eprintln!("workgroup memory limit {} B: tiled fits: {tiled}", gpu.caps.max_workgroup_storage);
+}
+
+/// Random q, cache and kv_b_proj for `d`, `s_len` cached positions in pages of `page0`.
+fn mla_case(g: &Gpu, d: &MlaDims, s_len: usize, page0: usize, t: usize, seed: u64) -> (Vec<f32>, PagedRows, Vec<f32>, GpuTensor, Vec<f32>) {
+    let rows = bf16_round(&random_vec(seed, s_len * d.width()));
+    let cache = upload_rows(g, "latent", &rows, d.width(), page0);
+    let wkv_f = bf16_round(&random_vec(seed + 1, d.heads * (d.nope + d.v_dim) * d.latent));
+    let wkv = upload_bf16(g, "kv_b", &[d.heads * (d.nope + d.v_dim), d.latent], &wkv_f);
+    let q = random_vec(seed + 2, t * d.heads * (d.nope + d.rope));
+    (rows, cache, wkv_f, wkv, q)
+}
+
+/// GPU o and lse of query i against the f64 reference over positions `s`: (o rel L2, worst lse error).
+#[allow(clippy::too_many_arguments)]
+fn mla_errors(d: &MlaDims, q: &[f32], rows: &[f32], wkv_f: &[f32], o: &[f32], lse: &[f32], i: usize, s: &[usize]) -> (f64, f64) {
+    let rd = refdsa::Dims { heads: d.heads, latent: d.latent, rope: d.rope, nope: d.nope, v_dim: d.v_dim, scale: d.scale as f64 };
+    let qw = d.heads * (d.nope + d.rope);
+    let (want, wl) = refdsa::sparse_mla_absorbed(&rd, &q[i * qw..(i + 1) * qw], rows, wkv_f, s);
+    let e = rel_l2(&o[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim], &want);
+    let le = (0..d.heads).map(|h| (lse[i * d.heads + h] as f64 - wl[h]).abs() / wl[h].abs().max(1.0)).fold(0.0, f64::max);
+    (e, le)
+}
+
+/// The tiled kernel and the per-head one at awkward shapes: head counts off the 16-head group
+/// (17, 33, 5), widths with R % 8 = 0 / 2 (R = 48 + 16, R = 50 + 6: the word path for kv_b),
+/// unsorted selections spread over pages with -1 padding, a query whose selection is all
+/// padding, several queries (ragged splits, each query its own causal limit) and a dense
+/// context long enough for several blocks per split.
+#[test]
+fn attention_at_awkward_shapes_matches_reference() {
+    let Some(g) = gpu() else { return };
+    let shapes = [
+        MlaDims { heads: 17, latent: 48, rope: 16, nope: 24, v_dim: 40, scale: 0.2 },
+        MlaDims { heads: 33, latent: 50, rope: 6, nope: 7, v_dim: 33, scale: 0.3 },
+        MlaDims { heads: 5, latent: 512, rope: 64, nope: 128, v_dim: 128, scale: 192f32.powf(-0.5) },
+    ];
+    let mut worst = 0f64;
+    for (n, d) in shapes.iter().enumerate() {
+        let (s_len, t) = (301, 3);
+        let pos0 = s_len - t;
+        let (rows, cache, wkv_f, wkv, q) = mla_case(&g, d, s_len, 8, t, 40 + 10 * n as u64);
+        // Sparse: k = 45, unsorted positions, duplicates removed, -1 padded; query 1 all padding.
+        let k = 45;
+        let mut sel = Vec::new();
+        for i in 0..t {
+            let mut s: Vec<i32> = (0..k as i32).map(|j| (j * 61 + i as i32 * 11 + 3) % (pos0 + i + 1) as i32).collect();
+            s.sort();
+            s.dedup();
+            let third = s.len() / 3;
+            s.rotate_left(third);
+            if i == 1 {
+                s.clear();
+            }
+            s.resize(k, -1);
+            sel.extend(s);
+        }
+        for variant in [dsa::MlaVariant::Tiled, dsa::MlaVariant::PerHead] {
+            let (o, lse) = gpu_mla_v(&g, variant, d, &cache, &q, &wkv, Some((&sel, k)), t, pos0);
+            for i in 0..t {
+                let s: Vec<usize> = sel[i * k..(i + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
+                if s.is_empty() {
+                    let row = &o[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim];
+                    assert!(row.iter().all(|&x| x == 0.0), "{variant:?} {d:?}: empty selection gives nonzero o");
+                    assert!(lse[i * d.heads..(i + 1) * d.heads].iter().all(|&l| l == f32::NEG_INFINITY), "{variant:?}: empty lse");
+                    continue;
+                }
+                let (e, le) = mla_errors(d, &q, &rows, &wkv_f, &o, &lse, i, &s);
+                worst = worst.max(e);
+                assert!(e <= 1e-5 && le <= 1e-5, "{variant:?} {d:?} sparse query {i}: o rel err {e}, lse err {le}");
+            }
+            let (o, lse) = gpu_mla_v(&g, variant, d, &cache, &q, &wkv, None, t, pos0);
+            for i in 0..t {
+                let all: Vec<usize> = (0..=pos0 + i).collect();
+                let (e, le) = mla_errors(d, &q, &rows, &wkv_f, &o, &lse, i, &all);
+                worst = worst.max(e);
+                assert!(e <= 1e-5 && le <= 1e-5, "{variant:?} {d:?} dense query {i}: o rel err {e}, lse err {le}");
+            }
+        }
+    }
+    // A long dense context: 4996 rows in 64 splits of 80 rows (ten blocks each; the last split
+    // empty, the last block of the one before partly empty), pages of 64 rows doubling.
+    let d = MlaDims { heads: 19, latent: 96, rope: 32, nope: 16, v_dim: 24, scale: 0.15 };
+    let (s_len, t) = (4996, 1);
+    assert_eq!(dsa::attend_splits(&d, s_len, t), 64, "the case assumes the default tuning");
+    let (rows, cache, wkv_f, wkv, q) = mla_case(&g, &d, s_len, 64, t, 90);
+    let (o, lse) = gpu_mla(&g, &d, &cache, &q, &wkv, None, t, s_len - t);
+    let all: Vec<usize> = (0..s_len).collect();
+    let (e, le) = mla_errors(&d, &q, &rows, &wkv_f, &o, &lse, 0, &all);
+    worst = worst.max(e);
+    assert!(e <= 1e-5 && le <= 1e-5, "long dense: o rel err {e}, lse err {le}");
+    eprintln!("worst o rel L2 error {worst:.2e}");
 }

@@ -85,7 +85,11 @@ const MAX_WORKGROUP_BYTES: u32 = 48 * 1024;
 /// fall back to there, the ones that have no larger variant, and the SIMT kernels that are
 /// the default wherever cooperative matrices are absent.
 const PORTABLE_FALLBACKS: &[&str] = &[
+    "mla_absorb",
     "mla_attend",
+    "mla_attend_tiled",
+    "mla_merge_out",
+    "mla_merge_out_64",
     "kda_chunk_state16",
     "kda_chunk_intra",
     "kda_chunk_intra_h",

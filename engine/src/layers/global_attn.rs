@@ -13,8 +13,9 @@ use crate::trace::{Selection, SelectionSink};
 
 /// Scores held per query block: Tb * S <= this many values (64 MiB of f32).
 const SCORE_BUDGET: usize = 16 << 20;
-/// Bytes of the attention partials [Tb, H, splits, R+2] per query block (K3.1: 6.3 MB per
-/// query, so blocks of ~40 queries; a 512-token block would need 3.2 GB, past any binding).
+/// Bytes of the attention partials [Tb, H, splits, ceil(R/4)+1] vec4 per query block; splits
+/// shrink as blocks grow (K3.1: 4.4 MB for one query, 51 MB for a block of 256, so blocks of
+/// ~1300 queries; without the limit a long prompt would pass any binding).
 const PARTIALS_BUDGET: usize = 256 << 20;
 
 /// The caches of one global layer for one sequence: the latent rows (c 512 | k_pe 64 for
@@ -333,17 +334,21 @@ impl GlobalAttn {
         let lse = buf("lse [T, H]", t_n * h);
         let gate = self.g_proj.as_ref().map(|_| &g);
         // Query blocks: the scores of one block are [Tb, S].
-        let split_max = dsa::attend_splits(self.indexer.as_ref().map_or(n_pos, |i| i.topk.min(n_pos)));
+        let n_sel_max = self.indexer.as_ref().map_or(n_pos, |i| i.topk.min(n_pos));
         let part_budget = PARTIALS_BUDGET.min(gpu.caps.max_binding as usize);
-        let mut tb = (SCORE_BUDGET / n_pos).min(part_budget / dsa::partial_bytes(&dm, 1, split_max)).clamp(1, t_n);
+        let mut tb = (SCORE_BUDGET / n_pos).clamp(1, t_n);
         if opts.max_query_block > 0 {
             tb = tb.min(opts.max_query_block);
         }
         if opts.diagnostics {
             tb = 1;
         }
+        // Splits shrink as blocks grow (a block's queries fill the GPU themselves).
+        while tb > 1 && dsa::partial_bytes_max(&dm, n_sel_max, tb) > part_budget {
+            tb = (tb * 3 / 4).max(1);
+        }
         let mut diags = Vec::new();
-        let part = gpu.scratch("mla partials", dsa::partial_bytes(&dm, tb, split_max) as u64);
+        let part = gpu.scratch("mla partials", dsa::partial_bytes_max(&dm, n_sel_max, tb) as u64);
         // One block covering every query (decode) works on the whole-T buffers in place: no
         // block copies, which would also split the layer's compute passes.
         let single = tb >= t_n;
@@ -457,7 +462,7 @@ impl GlobalAttn {
         let vo = h * dm.v_dim;
         let buf = |label: &str, n: usize| gpu.storage(label, (n * 4) as u64);
         let (o_s, l_s, o_d, l_d) = (buf("o sparse", vo), buf("lse sparse", h), buf("o dense", vo), buf("lse dense", h));
-        let part_d = gpu.storage("dense partials", dsa::partial_bytes(&dm, 1, dsa::attend_splits(n_pos)) as u64);
+        let part_d = gpu.storage("dense partials", dsa::partial_bytes_max(&dm, n_pos, 1) as u64);
         let logits = buf("logits [H, S]", h * n_pos);
         let (asel, ascore) = (buf("attn top-k", h * k), buf("attn top-k scores", h * k));
         let mut enc = gpu.device.create_command_encoder(&Default::default());

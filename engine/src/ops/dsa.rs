@@ -71,11 +71,24 @@ pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
 pub const TOPK_GATHER_SET: Kernel = Kernel::new("topk_gather_set", "topk", "topk_gather").with_constants(&[("ORDERED", 0.0)]);
 /// Bench probe: an empty dispatch (launch and drain floor), see [`topk_probe`].
 pub const TOPK_NOOP: Kernel = Kernel::new("topk_noop", "topk", "topk_noop");
-pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb");
+// The decode-path MLA kernels run without wgpu's runtime checks (index clamping, forced loop
+// bounds, division guards): every index is host-checked (shapes, buffer sizes, the cache
+// capacity, splits <= 128) or bounded by construction, and selection entries are clamped to the
+// causal limit in the shader. Their `_checked` twins (same shader) are bench diagnostics.
+pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb").unchecked();
+/// The simple per-head attention (one workgroup per split and head), kept for debugging.
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
-pub const MLA_ATTEND_GROUPED: Kernel = Kernel::new("mla_attend_grouped", "mla", "mla_attend_grouped");
-pub const MLA_MERGE: Kernel = Kernel::new("mla_merge", "mla", "mla_merge");
-pub const MLA_OUT: Kernel = Kernel::new("mla_out", "mla", "mla_out");
+pub const MLA_ATTEND_TILED: Kernel = Kernel::new("mla_attend_tiled", "mla", "mla_attend_tiled").unchecked();
+pub const MLA_MERGE_OUT: Kernel = Kernel::new("mla_merge_out", "mla", "mla_merge_out").unchecked();
+/// Bench variant: 64 W_UV rows per workgroup (half the workgroups, half the partial re-reads).
+pub const MLA_MERGE_OUT_64: Kernel = Kernel::new("mla_merge_out_64", "mla", "mla_merge_out")
+    .with_constants(&[("OUT_ROWS", 64.0)])
+    .profile_as("mla_merge_out")
+    .unchecked();
+pub const MLA_ABSORB_CHECKED: Kernel = Kernel::new("mla_absorb_checked", "mla", "mla_absorb").profile_as("mla_absorb");
+pub const MLA_ATTEND_TILED_CHECKED: Kernel =
+    Kernel::new("mla_attend_tiled_checked", "mla", "mla_attend_tiled").profile_as("mla_attend_tiled");
+pub const MLA_MERGE_OUT_CHECKED: Kernel = Kernel::new("mla_merge_out_checked", "mla", "mla_merge_out").profile_as("mla_merge_out");
 pub const MLA_LOGITS: Kernel = Kernel::new("mla_logits", "mla", "mla_logits");
 pub const RMS_NORM: Kernel = Kernel::new("dsa_rms_norm", "dsa_misc", "rms_norm");
 pub const LAYER_NORM: Kernel = Kernel::new("dsa_layer_norm", "dsa_misc", "layer_norm");
@@ -94,9 +107,12 @@ pub const KERNELS: &[Kernel] = &[
     TOPK_NOOP,
     MLA_ABSORB,
     MLA_ATTEND,
-    MLA_ATTEND_GROUPED,
-    MLA_MERGE,
-    MLA_OUT,
+    MLA_ATTEND_TILED,
+    MLA_MERGE_OUT,
+    MLA_MERGE_OUT_64,
+    MLA_ABSORB_CHECKED,
+    MLA_ATTEND_TILED_CHECKED,
+    MLA_MERGE_OUT_CHECKED,
     MLA_LOGITS,
     RMS_NORM,
     LAYER_NORM,
@@ -774,6 +790,7 @@ fn single_chunk<'a>(t: &'a GpuTensor, what: &str) -> Result<&'a wgpu::Buffer, Gp
 }
 
 /// qa [T, H, R+E] = scale * [W_UK^T q_nope | q_pe] from q [T, H*(nope+rope)] and kv_b_proj.
+#[allow(clippy::too_many_arguments)]
 pub fn mla_absorb(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -795,43 +812,94 @@ pub fn mla_absorb(
     let params = dims.params(n_queries, 0, cache);
     let groups = [dims.latent.div_ceil(128) as u32, dims.heads as u32, n_queries as u32];
     check_groups(gpu, "mla_absorb", groups)?;
-    gpu.dispatch_grid(enc, &MLA_ABSORB, &params, &[(1, q), (2, wkv), (3, qa)], groups, profiler)
+    let kernel = if mla_tuning().checked { MLA_ABSORB_CHECKED } else { MLA_ABSORB };
+    gpu.dispatch_grid(enc, &kernel, &params, &[(1, q), (2, wkv), (3, qa), (28, wkv)], groups, profiler)
 }
 
-/// Splits of the selection per (query, head) for the attention pass.
-pub fn attend_splits(n_sel: usize) -> usize {
-    n_sel.div_ceil(16).clamp(1, 32)
+/// Heads per workgroup of `mla_attend_tiled` (mla.wgsl HG) and its rows per block (BR).
+const MLA_HG: usize = 16;
+const MLA_BLOCK: usize = 8;
+/// Splits the partials layout and `mla_merge_out` allow (mla.wgsl MAX_SPLITS).
+pub const MLA_MAX_SPLITS: usize = 128;
+
+/// Sizing of the sparse-MLA grid: the attention aims at `target_groups` workgroups over all
+/// queries (128: about one per H200 SM; fastest of 64..512 there at 2048 rows, and fewer splits
+/// to merge), `out_rows` W_UV rows per `mla_merge_out` workgroup (32 or 64); `checked` runs the
+/// kernels with wgpu's runtime checks (a diagnostic). [`set_mla_tuning`] changes it (benchmarks).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaTuning {
+    pub target_groups: usize,
+    pub out_rows: usize,
+    pub checked: bool,
 }
 
-/// Bytes of the partial-result buffer [T, H, splits, R+2] f32.
+const MLA_TUNING_DEFAULT: MlaTuning = MlaTuning { target_groups: 128, out_rows: 32, checked: false };
+
+impl Default for MlaTuning {
+    fn default() -> Self {
+        MLA_TUNING_DEFAULT
+    }
+}
+
+static MLA_TUNING: Mutex<MlaTuning> = Mutex::new(MLA_TUNING_DEFAULT);
+
+/// Sets the sparse-MLA grid sizing; returns the previous one.
+pub fn set_mla_tuning(t: MlaTuning) -> MlaTuning {
+    let mut cur = MLA_TUNING.lock().unwrap_or_else(|p| p.into_inner());
+    let t = MlaTuning { target_groups: t.target_groups.max(1), out_rows: if t.out_rows >= 64 { 64 } else { 32 }, ..t };
+    std::mem::replace(&mut *cur, t)
+}
+
+fn mla_tuning() -> MlaTuning {
+    *MLA_TUNING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Splits of the selection per (query, head group) for `n_queries` queries of at most `n_sel`
+/// selected rows: about `target_groups` workgroups in all, at least a block of rows per split,
+/// at most [`MLA_MAX_SPLITS`] (K3.1 decode at 2048 rows: 22 splits of 96 rows, 132 workgroups;
+/// blocks of 22 queries and more: 1). Non-decreasing in `n_sel`, non-increasing in `n_queries`.
+pub fn attend_splits(dims: &MlaDims, n_sel: usize, n_queries: usize) -> usize {
+    let groups = dims.heads.div_ceil(MLA_HG) * n_queries.max(1);
+    let target = mla_tuning().target_groups.div_ceil(groups).clamp(1, MLA_MAX_SPLITS);
+    n_sel.div_ceil(MLA_BLOCK).clamp(1, target)
+}
+
+/// The partials [`mla_attention`] needs for any block of up to `max_queries` queries with up to
+/// `n_sel` selected rows each.
+pub fn partial_bytes_max(dims: &MlaDims, n_sel: usize, max_queries: usize) -> usize {
+    // Past target_groups queries every block has one split, so the largest block is the worst.
+    let small = max_queries.clamp(1, mla_tuning().target_groups);
+    let at = |n: usize| partial_bytes(dims, n, attend_splits(dims, n_sel, n));
+    (1..=small).map(at).max().unwrap_or(0).max(at(max_queries.max(1)))
+}
+
+/// Bytes of the partial-result buffer [T, H, splits, ceil(R/4) + 1] vec4 f32.
 pub fn partial_bytes(dims: &MlaDims, n_queries: usize, splits: usize) -> usize {
-    n_queries * dims.heads * splits * (dims.latent + 2) * 4
+    n_queries * dims.heads * splits * (dims.latent.div_ceil(4) + 1) * 16
 }
 
 /// Which attention kernel [`mla_attention`] runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MlaVariant {
-    /// One workgroup per (split, head): every selected row staged once per head.
+    /// One workgroup per (split, head): every selected row staged once per head (simple;
+    /// kept for debugging).
     PerHead,
-    /// One workgroup per (split, 8 heads): each row staged once per 8 heads (the default
-    /// where the adapter allows its ~39 KiB of workgroup memory).
-    Grouped,
+    /// One workgroup per (split, 16 heads), register-tiled logits and p.c (the default;
+    /// 28.5 KB of workgroup memory, so it fits 32 KiB adapters).
+    Tiled,
 }
 
 impl MlaVariant {
-    /// Grouped where its workgroup memory fits the adapter (not on 32 KiB adapters such as
-    /// Metal and DX12), else per head.
+    /// Tiled where its workgroup memory fits the adapter, else per head.
     pub fn default_for(gpu: &Gpu) -> Result<MlaVariant, GpuError> {
-        Ok(if gpu.pipelines.fits(gpu, &MLA_ATTEND_GROUPED)? { MlaVariant::Grouped } else { MlaVariant::PerHead })
+        Ok(if gpu.pipelines.fits(gpu, &MLA_ATTEND_TILED)? { MlaVariant::Tiled } else { MlaVariant::PerHead })
     }
 }
-
-/// Heads per workgroup of `mla_attend_grouped` (mla.wgsl HG).
-const MLA_HG: usize = 8;
 
 /// Sparse (sel = Some: [T, k] i32, -1 padded) or dense (sel = None: all s <= q_pos0 + t)
 /// attention of qa over the latent cache, then the merge with W_UV and the optional gate:
 /// o [T, H*Dv] f32, lse [T, H] f32 (log-sum-exp of the scaled logits). gate: [T, H*Dv] raw.
+/// `part` holds [`partial_bytes`] for [`attend_splits`] of the largest selection and n_queries.
 #[allow(clippy::too_many_arguments)]
 pub fn mla_attention(
     gpu: &Gpu,
@@ -887,7 +955,7 @@ pub fn mla_attention_variant(
         Some((_, k)) => k.min(q_pos0 + n_queries),
         None => q_pos0 + n_queries,
     };
-    let splits = attend_splits(max_sel);
+    let splits = attend_splits(dims, max_sel, n_queries);
     need(part, partial_bytes(dims, n_queries, splits), "mla_attention partials")?;
     need(qa, n_queries * dims.heads * dims.width() * 4, "mla_attention qa")?;
     need(o, n_queries * dims.heads * dims.v_dim * 4, "mla_attention o")?;
@@ -909,22 +977,25 @@ pub fn mla_attention_variant(
     params.dense = sel.is_none() as u32;
     params.has_gate = gate.is_some() as u32;
     let slots = cache.slots();
-    let mut entries = vec![(3, qa), (4, sel_buf), (5, part)];
-    entries.extend(slots.iter().enumerate().map(|(i, b)| (6 + i as u32, *b)));
-    let (kernel, head_groups) = match variant {
-        MlaVariant::PerHead => (MLA_ATTEND, dims.heads),
-        MlaVariant::Grouped => (MLA_ATTEND_GROUPED, dims.heads.div_ceil(MLA_HG)),
+    let tuning = mla_tuning();
+    let tiled = if tuning.checked { MLA_ATTEND_TILED_CHECKED } else { MLA_ATTEND_TILED };
+    let (kernel, head_groups, mut entries) = match variant {
+        MlaVariant::PerHead => (MLA_ATTEND, dims.heads, vec![(3, qa), (4, sel_buf), (5, part)]),
+        MlaVariant::Tiled => (tiled, dims.heads.div_ceil(MLA_HG), vec![(27, qa), (4, sel_buf), (26, part)]),
     };
+    entries.extend(slots.iter().enumerate().map(|(i, b)| (6 + i as u32, *b)));
     let groups = [splits as u32, head_groups as u32, n_queries as u32];
     check_groups(gpu, "mla_attend", groups)?;
     gpu.dispatch_grid(enc, &kernel, &params, &entries, groups, profiler.as_deref_mut())?;
-    let merge_groups = [dims.latent.div_ceil(128) as u32, dims.heads as u32, n_queries as u32];
-    check_groups(gpu, "mla_merge", merge_groups)?;
-    gpu.dispatch_grid(enc, &MLA_MERGE, &params, &[(5, part), (24, lse)], merge_groups, profiler.as_deref_mut())?;
-    let entries = [(2, wkv), (5, part), (22, gate.unwrap_or(dummy)), (23, o)];
-    let groups = [(dims.heads * dims.v_dim).div_ceil(8) as u32, n_queries as u32, 1];
-    check_groups(gpu, "mla_out", groups)?;
-    gpu.dispatch_grid(enc, &MLA_OUT, &params, &entries, groups, profiler)
+    let (out_kernel, out_rows) = match (tuning.out_rows >= 64, tuning.checked) {
+        (true, _) => (MLA_MERGE_OUT_64, 64),
+        (false, false) => (MLA_MERGE_OUT, 32),
+        (false, true) => (MLA_MERGE_OUT_CHECKED, 32),
+    };
+    let entries = [(2, wkv), (28, wkv), (26, part), (22, gate.unwrap_or(dummy)), (23, o), (24, lse)];
+    let groups = [(dims.heads * dims.v_dim.div_ceil(out_rows)) as u32, n_queries as u32, 1];
+    check_groups(gpu, "mla_merge_out", groups)?;
+    gpu.dispatch_grid(enc, &out_kernel, &params, &entries, groups, profiler)
 }
 
 /// Dense scaled logits [T, H, n_pos] of qa against cache rows 0..n_pos (-inf beyond
