@@ -35,21 +35,7 @@ const WG: u32 = 256u;
 @group(0) @binding(2) var<storage, read> gamma: array<f32>;
 @group(0) @binding(3) var<storage, read> beta: array<f32>;
 
-var<workgroup> red: array<f32, WG>;
-
-fn wg_sum(lid: u32, v: f32) -> f32 {
-    red[lid] = v;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-        }
-        workgroupBarrier();
-    }
-    let total = red[0];
-    workgroupBarrier();
-    return total;
-}
+#include "lib/wg_sum.wgsl"
 
 @compute @workgroup_size(256)
 fn rms_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -87,11 +73,7 @@ fn layer_norm(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 @group(0) @binding(5) var<storage, read> src: array<f32>;
 @group(0) @binding(6) var<storage, read_write> dst: array<u32>;
 
-// Round to nearest even bf16 (finite inputs).
-fn bf16_bits(v: f32) -> u32 {
-    let u = bitcast<u32>(v);
-    return (u + 0x7fffu + ((u >> 16u) & 1u)) >> 16u;
-}
+#include "lib/bf16_bits.wgsl"
 
 @compute @workgroup_size(256)
 fn cache_write(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

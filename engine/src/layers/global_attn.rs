@@ -308,9 +308,20 @@ impl GlobalAttn {
             from_x.push((&ix.weights_proj, &wi));
         }
         linear_many(gpu, &mut enc, &from_x, t_n, x, prof.as_deref_mut())?;
+        // Decode: c_q's norm and both cache rows in one dispatch.
+        let prepped = t_n == 1 && {
+            let key = match (&self.indexer, &cache.keys) {
+                (Some(ix), Some(keys)) => Some(dsa::KeyPrep { ki: &ki, gamma: &ix.k_norm_w, beta: &ix.k_norm_b, eps: ix.eps, keys }),
+                _ => None,
+            };
+            let cq_norm = self.q_a.as_ref().map(|(_, norm)| (&cq, r, norm));
+            dsa::global_prep(gpu, &mut enc, cq_norm, &kv, &self.kv_a_norm, dm.latent, &cache.latent, key, self.eps, pos0, prof.as_deref_mut())?
+        };
         let q_src = match &self.q_a {
             Some((_, norm)) => {
-                dsa::row_norm(gpu, &mut enc, &cq, t_n, r, 0, r, self.eps, norm, None, prof.as_deref_mut())?;
+                if !prepped {
+                    dsa::row_norm(gpu, &mut enc, &cq, t_n, r, 0, r, self.eps, norm, None, prof.as_deref_mut())?;
+                }
                 &cq
             }
             None => x,
@@ -321,11 +332,13 @@ impl GlobalAttn {
         }
         linear_many(gpu, &mut enc, &from_q, t_n, q_src, prof.as_deref_mut())?;
         // Cache rows: normalised latent | raw k_pe, and the LayerNorm'd index key.
-        dsa::row_norm(gpu, &mut enc, &kv, t_n, dm.width(), 0, dm.latent, self.eps, &self.kv_a_norm, None, prof.as_deref_mut())?;
-        cache.latent.write(gpu, &mut enc, &kv, dm.width(), 0, 0, t_n, pos0)?;
-        if let (Some(ix), Some(keys)) = (&self.indexer, &cache.keys) {
-            dsa::row_norm(gpu, &mut enc, &ki, t_n, id, 0, id, ix.eps, &ix.k_norm_w, Some(&ix.k_norm_b), prof.as_deref_mut())?;
-            keys.write(gpu, &mut enc, &ki, id, 0, 0, t_n, pos0)?;
+        if !prepped {
+            dsa::row_norm(gpu, &mut enc, &kv, t_n, dm.width(), 0, dm.latent, self.eps, &self.kv_a_norm, None, prof.as_deref_mut())?;
+            cache.latent.write(gpu, &mut enc, &kv, dm.width(), 0, 0, t_n, pos0)?;
+            if let (Some(ix), Some(keys)) = (&self.indexer, &cache.keys) {
+                dsa::row_norm(gpu, &mut enc, &ki, t_n, id, 0, id, ix.eps, &ix.k_norm_w, Some(&ix.k_norm_b), prof.as_deref_mut())?;
+                keys.write(gpu, &mut enc, &ki, id, 0, 0, t_n, pos0)?;
+            }
         }
         cache.len = n_pos;
         let qa = buf("qa [T, H, R+E]", t_n * h * dm.width());

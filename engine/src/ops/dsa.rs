@@ -36,6 +36,10 @@ shader_params!(
     NormParams in "dsa_misc" { rows: u32, stride: u32, offset: u32, n: u32, eps: f32, _p0: u32, _p1: u32, _p2: u32 }
 );
 shader_params!(
+    /// Mirrors `PrepParams` in shaders/global_prep.wgsl.
+    PrepParams in "global_prep" { q_n: u32, kv_width: u32, kv_n: u32, kv_row: u32, k_n: u32, k_row: u32, eps: f32, k_eps: f32 }
+);
+shader_params!(
     /// Mirrors `CacheWriteParams` in shaders/dsa_misc.wgsl.
     CacheWriteParams in "dsa_misc" {
         rows: u32, src_stride: u32, src_offset: u32, width: u32, dst_row0: u32, _p0: u32, _p1: u32, _p2: u32,
@@ -93,6 +97,7 @@ pub const MLA_LOGITS: Kernel = Kernel::new("mla_logits", "mla", "mla_logits");
 pub const RMS_NORM: Kernel = Kernel::new("dsa_rms_norm", "dsa_misc", "rms_norm");
 pub const LAYER_NORM: Kernel = Kernel::new("dsa_layer_norm", "dsa_misc", "layer_norm");
 pub const CACHE_WRITE: Kernel = Kernel::new("dsa_cache_write", "dsa_misc", "cache_write");
+pub const GLOBAL_PREP: Kernel = Kernel::new("global_prep", "global_prep", "global_prep");
 
 pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_K31,
@@ -117,6 +122,7 @@ pub const KERNELS: &[Kernel] = &[
     RMS_NORM,
     LAYER_NORM,
     CACHE_WRITE,
+    GLOBAL_PREP,
 ];
 
 pub fn params() -> Vec<super::ParamsLayout> {
@@ -127,6 +133,7 @@ pub fn params() -> Vec<super::ParamsLayout> {
         layout_of::<MlaParams>(),
         layout_of::<NormParams>(),
         layout_of::<CacheWriteParams>(),
+        layout_of::<PrepParams>(),
     ]
 }
 
@@ -192,14 +199,8 @@ fn run(
 }
 
 /// A bind group for one of several dispatches recorded in a single pass (top-k).
-fn make_bind(gpu: &Gpu, pipeline: &wgpu::ComputePipeline, kernel: &Kernel, entries: &[(u32, &wgpu::Buffer)]) -> wgpu::BindGroup {
-    let e: Vec<wgpu::BindGroupEntry> =
-        entries.iter().map(|(b, buf)| wgpu::BindGroupEntry { binding: *b, resource: buf.as_entire_binding() }).collect();
-    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(kernel.name),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &e,
-    })
+fn make_bind(gpu: &Gpu, pipeline: &wgpu::ComputePipeline, kernel: &Kernel, entries: &[(u32, &wgpu::Buffer)]) -> Result<wgpu::BindGroup, GpuError> {
+    gpu.bind_group(kernel, pipeline, entries)
 }
 
 fn check_groups(gpu: &Gpu, what: &str, groups: [u32; 3]) -> Result<(), GpuError> {
@@ -677,7 +678,7 @@ fn topk_impl(
     let mut prepared = Vec::with_capacity(steps.len());
     for (kernel, entries, gx) in steps.iter().take(if ordered { 3 } else { 2 }) {
         let pipeline = gpu.pipelines.get(gpu, kernel)?;
-        let bind = make_bind(gpu, &pipeline, kernel, entries);
+        let bind = make_bind(gpu, &pipeline, kernel, entries)?;
         prepared.push((pipeline, bind, *gx));
     }
     if TOPK_SPLIT_PASSES.load(std::sync::atomic::Ordering::Relaxed) {
@@ -716,7 +717,7 @@ pub fn topk_probe(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, n: usize, profiler:
     let st = &gpu.storage("topk probe state", 64);
     let u = gpu.uniform("topk params", &TopkParams::default());
     let pipeline = gpu.pipelines.get(gpu, &TOPK_NOOP)?;
-    let bind = make_bind(gpu, &pipeline, &TOPK_NOOP, &[(0, &u), (3, st)]);
+    let bind = make_bind(gpu, &pipeline, &TOPK_NOOP, &[(0, &u), (3, st)])?;
     let timestamp_writes = profiler.and_then(|p| p.pass("topk probe"));
     let mut pass = gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("topk probe"), timestamp_writes });
     pass.set_pipeline(&pipeline);
@@ -1055,4 +1056,74 @@ pub fn row_norm(
         }
         None => gpu.dispatch_grid(enc, &RMS_NORM, &params, &[(1, x), (2, gamma)], [rows as u32, 1, 1], profiler),
     }
+}
+
+/// The index-key half of [`global_prep`]: ki [ID] f32, LayerNorm weight and bias [ID] f32, eps,
+/// and the key cache.
+pub struct KeyPrep<'a> {
+    pub ki: &'a wgpu::Buffer,
+    pub gamma: &'a wgpu::Buffer,
+    pub beta: &'a wgpu::Buffer,
+    pub eps: f32,
+    pub keys: &'a PagedRows,
+}
+
+/// One decode token's row ops after a global layer's first projections, as one dispatch:
+/// c_q = RMSNorm(c_q) in place (`cq` = (c_q [r], r, weight [r] f32), when the layer has q_a),
+/// the latent cache row at `pos` = RMSNorm(kv[0..latent]) | kv[latent..] (kv [R+E] f32, weight
+/// [latent] f32) and, with `key`, the index-key row at `pos` = LayerNorm(ki). Returns false
+/// (nothing recorded) where the adapter binds fewer than 9 storage buffers per shader stage:
+/// the caller then runs [`row_norm`] and [`PagedRows::write`].
+#[allow(clippy::too_many_arguments)]
+pub fn global_prep(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    cq: Option<(&wgpu::Buffer, usize, &wgpu::Buffer)>,
+    kv: &wgpu::Buffer,
+    kv_gamma: &wgpu::Buffer,
+    latent_n: usize,
+    latent: &PagedRows,
+    key: Option<KeyPrep<'_>>,
+    eps: f32,
+    pos: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<bool, GpuError> {
+    if gpu.caps.max_storage_buffers < 9 {
+        return Ok(false);
+    }
+    let width = latent.width;
+    if latent_n == 0 || latent_n > width || pos >= latent.capacity() {
+        return Err(shape_err(format!("global_prep: latent {latent_n} of rows of {width}, position {pos} of {}", latent.capacity())));
+    }
+    need(kv, width * 4, "global_prep kv")?;
+    need(kv_gamma, latent_n * 4, "global_prep kv norm")?;
+    let placeholders: Vec<wgpu::Buffer> = (0..6).map(|_| gpu.scratch("global_prep placeholder", 16)).collect();
+    let (cq_buf, q_n, g_q) = match cq {
+        Some((b, n, g)) => {
+            need(b, n * 4, "global_prep c_q")?;
+            need(g, n * 4, "global_prep c_q norm")?;
+            (b, n, g)
+        }
+        None => (&placeholders[0], 0, &placeholders[1]),
+    };
+    let (kv_page, kv_row) = latent.locate(pos);
+    let mut params = PrepParams { q_n: q_n as u32, kv_width: width as u32, kv_n: latent_n as u32, kv_row: kv_row as u32, eps, ..Default::default() };
+    let mut entries: Vec<(u32, &wgpu::Buffer)> = vec![(1, cq_buf), (2, g_q), (3, kv), (4, kv_gamma), (5, &latent.pages[kv_page])];
+    match &key {
+        Some(k) => {
+            let id = k.keys.width;
+            if pos >= k.keys.capacity() {
+                return Err(shape_err(format!("global_prep: position {pos} past the {} of {}", k.keys.capacity(), k.keys.label)));
+            }
+            need(k.ki, id * 4, "global_prep ki")?;
+            need(k.gamma, id * 4, "global_prep key norm")?;
+            need(k.beta, id * 4, "global_prep key norm bias")?;
+            let (page, row) = k.keys.locate(pos);
+            (params.k_n, params.k_row, params.k_eps) = (id as u32, row as u32, k.eps);
+            entries.extend([(6, k.ki), (7, k.gamma), (8, k.beta), (9, &k.keys.pages[page])]);
+        }
+        None => entries.extend([(6, &placeholders[2]), (7, &placeholders[3]), (8, &placeholders[4]), (9, &placeholders[5])]),
+    }
+    gpu.dispatch_grid(enc, &GLOBAL_PREP, &params, &entries, [3, 1, 1], profiler)?;
+    Ok(true)
 }
