@@ -81,7 +81,7 @@ fn gpu_route(gpu: &Gpu, cfg: &RouterConfig, t: usize, e: usize, k: usize, logits
     let u: Vec<f32> = support::random_vec(42, glu_n.max(1)).iter().map(|v| v * 60.0).collect();
     let (gb, ub, ab) = (gpu.storage_from("g", &g), gpu.storage_from("u", &u), gpu.storage("a", (glu_n.max(1) * 4) as u64));
     let glu = (glu_n > 0).then(|| router::GluJob { act: SITU, n: glu_n, gate: &gb, up: &ub, out: &ab });
-    run(gpu, |enc| router::router_select_with_glu(gpu, enc, cfg, t, e, k, &lb, &bb, &idx, &wts, glu, None).unwrap());
+    run(gpu, |enc| router::router_select(gpu, enc, cfg, t, e, k, &lb, &bb, &idx, &wts, glu, None).unwrap());
     if glu_n > 0 {
         let got: Vec<f32> = gpu.read(&ab, glu_n).unwrap();
         let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| reference::moe::glu(SITU, a as f64, b as f64) as f32).collect();
@@ -173,7 +173,7 @@ fn latent_moe_matches_golden_decode_and_grouped() {
     let scratch = moe::GroupedScratch::new(&gpu, &store, t, k);
     run(&gpu, |enc| {
         linear::linear(&gpu, enc, &gate, t, &x, &logits, None).unwrap();
-        router::router_select(&gpu, enc, &cfg, t, e, k, &logits, &bias, &idx, &wts, None).unwrap();
+        router::router_select(&gpu, enc, &cfg, t, e, k, &logits, &bias, &idx, &wts, None, None).unwrap();
         linear::linear(&gpu, enc, &down, t, &x, &z, None).unwrap();
         moe::experts_decode(&gpu, enc, &store, &call, None, &z, &idx, &wts, &h, &lat, None).unwrap();
         moe::experts_grouped(&gpu, enc, &store, &call, &z, &idx, &wts, &scratch, &lat2, None).unwrap();

@@ -9,7 +9,7 @@ use crate::config::{Activation, ExpertFormat, ModelConfig};
 use crate::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Profiler};
 use crate::layout::DType;
-use crate::ops::{gemv, linear::{linear_into, linear_many}, moe, norm::rms_norm, router::{router_select_with_glu, GluJob}};
+use crate::ops::{gemv, linear::{linear_into, linear_many}, moe, norm::rms_norm, router::{router_select, GluJob}};
 
 struct Latent {
     down: GpuTensor,
@@ -131,7 +131,7 @@ impl MoeBlock {
             (Some(s), Some((g, u)), Some(a)) => Some(GluJob { act: s.activation(), n: t * s.inner(), gate: g, up: u, out: a }),
             _ => None,
         };
-        router_select_with_glu(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, glu, prof.as_deref_mut())?;
+        router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, glu, prof.as_deref_mut())?;
         let z = match &z_owned {
             Some(z) => z,
             None => x,

@@ -28,28 +28,11 @@ pub struct GluJob<'a> {
     pub out: &'a wgpu::Buffer,
 }
 
-/// idx/wts [T, top_k] from logits [T, experts] and the selection bias [experts].
+/// idx/wts [T, top_k] from logits [T, experts] and the selection bias [experts]; with `glu`
+/// (the shared experts' activation, which reads the same projection pass) computed by extra
+/// workgroups of the same dispatch.
 #[allow(clippy::too_many_arguments)]
 pub fn router_select(
-    gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
-    cfg: &RouterConfig,
-    tokens: usize,
-    experts: usize,
-    top_k: usize,
-    logits: &wgpu::Buffer,
-    bias: &wgpu::Buffer,
-    idx: &wgpu::Buffer,
-    wts: &wgpu::Buffer,
-    profiler: Option<&mut Profiler>,
-) -> Result<(), GpuError> {
-    router_select_with_glu(gpu, enc, cfg, tokens, experts, top_k, logits, bias, idx, wts, None, profiler)
-}
-
-/// [`router_select`], with `glu` (the shared experts' activation, which reads the same
-/// projection pass) computed by extra workgroups of the same dispatch.
-#[allow(clippy::too_many_arguments)]
-pub fn router_select_with_glu(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
     cfg: &RouterConfig,
