@@ -5,7 +5,7 @@ use clap::Args;
 use k31_engine::checkpoint::Checkpoint;
 use k31_engine::generate::{self, GenerateOptions, Metrics, StopReason};
 use k31_engine::gpu::{Gpu, Profiler};
-use k31_engine::model::{Hooks, Model};
+use k31_engine::model::{Hooks, Model, ModelError};
 use k31_engine::sample::{Sampler, SamplingParams};
 use k31_engine::session::{Session, Snapshot};
 use k31_engine::tokenizer::{Tokenizer, Utf8Stream};
@@ -453,13 +453,35 @@ pub fn score(args: ScoreArgs, adapter: Option<&str>) -> Result<()> {
     let mut session = model.new_session()?;
     let mut profiler = args.model.metrics.then(|| Profiler::new(&gpu, 2048));
     let t0 = std::time::Instant::now();
-    let scores = generate::score(&model, &mut session, &ids, &mut Hooks { profiler: profiler.as_mut(), ..Default::default() })?;
+    // Logits rows go to a raw file chunk by chunk, so a long text never holds [T, vocab] in
+    // memory; the safetensors file is then written from that file mapped.
+    let part = args.dump_logits.as_ref().map(|p| p.with_extension("logits.part"));
+    let mut raw = match &part {
+        Some(p) => Some(std::io::BufWriter::new(std::fs::File::create(p).with_context(|| format!("creating {}", p.display()))?)),
+        None => None,
+    };
+    let mut dump = |rows: &[f32]| -> Result<(), ModelError> {
+        match raw.as_mut() {
+            Some(w) => w.write_all(bytemuck::cast_slice(rows)).map_err(|e| ModelError::Input(format!("writing the logits: {e}"))),
+            None => Ok(()),
+        }
+    };
+    let scored = generate::score(&model, &mut session, &ids, &mut Hooks { profiler: profiler.as_mut(), ..Default::default() }, &mut dump);
     let secs = t0.elapsed().as_secs_f64();
-    if let Some(path) = &args.dump_logits {
-        let shape = vec![ids.len(), model.config.vocab_size];
-        let bytes: &[u8] = bytemuck::cast_slice(&scores.logits);
-        let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape, bytes)?;
-        safetensors::serialize_to_file([("logits", view)], None, path).with_context(|| format!("writing {}", path.display()))?;
+    let flushed = raw.take().map_or(Ok(()), |mut w| w.flush());
+    let scores = match scored.map_err(anyhow::Error::from).and_then(|s| flushed.map(|_| s).context("writing the logits")) {
+        Ok(s) => s,
+        Err(e) => {
+            if let Some(p) = &part {
+                let _ = std::fs::remove_file(p);
+            }
+            return Err(e);
+        }
+    };
+    if let (Some(path), Some(part)) = (&args.dump_logits, &part) {
+        let result = write_logits(path, part, ids.len(), model.config.vocab_size);
+        let _ = std::fs::remove_file(part);
+        result?;
     }
     if args.json {
         let v = serde_json::json!({"tokens": ids, "logprobs": scores.logprobs, "perplexity": scores.perplexity});
@@ -477,5 +499,16 @@ pub fn score(args: ScoreArgs, adapter: Option<&str>) -> Result<()> {
             eprintln!("  {:<32} {:>10.3} ms", t.label, t.total_ns * 1e-6);
         }
     }
+    Ok(())
+}
+
+/// The safetensors file `path` with one tensor `logits` [rows, vocab] f32 from the raw rows in
+/// `part` (mapped, not read into memory).
+fn write_logits(path: &std::path::Path, part: &std::path::Path, rows: usize, vocab: usize) -> Result<()> {
+    let file = std::fs::File::open(part).with_context(|| format!("reading back {}", part.display()))?;
+    // SAFETY: the part file is ours, written and closed above; nothing changes it while mapped.
+    let map = unsafe { memmap2::Mmap::map(&file) }.with_context(|| format!("mapping {}", part.display()))?;
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![rows, vocab], &map)?;
+    safetensors::serialize_to_file([("logits", view)], None, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }

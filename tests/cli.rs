@@ -195,6 +195,29 @@ fn score_dumps_the_reference_logits() {
     // where the reference keeps f32; on these 12 short rows that alone is ~1.5e-3.
     // tests/e2e.rs holds the whole 40-token run to the 1e-3 acceptance bound.
     assert!(rel <= 2e-3, "dumped logits rel L2 {rel}");
+    // Past one prefill chunk (512 tokens): rows stream to the file chunk by chunk, and every
+    // log-prob is that of its own dumped row, across the chunk boundary too.
+    let long: Vec<i64> = (0..530).map(|i| (i * 37 + 5) % 512).collect();
+    std::fs::write(&ids_file, serde_json::to_string(&long).expect("json")).expect("write");
+    let o = k31(&[
+        "score", "--model", model.to_str().expect("utf-8"), "--token-ids", ids_file.to_str().expect("utf-8"),
+        "--dump-logits", out.to_str().expect("utf-8"), "--json", "--context", "600",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("JSON");
+    let lps: Vec<f64> = v["logprobs"].as_array().expect("logprobs").iter().map(|x| x.as_f64().expect("f64")).collect();
+    assert_eq!(lps.len(), 529);
+    let got = support::golden::load_tensors(&out);
+    let (shape, logits) = support::golden::get(&got, "logits");
+    assert_eq!(shape, &vec![530, 512]);
+    for i in [0usize, 510, 511, 512, 528] {
+        let row = &logits[i * 512..(i + 1) * 512];
+        let m = row.iter().fold(f32::MIN, |a, &b| a.max(b)) as f64;
+        let lse = m + row.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln();
+        let want = row[long[i + 1] as usize] as f64 - lse;
+        assert!((lps[i] - want).abs() < 1e-4, "log-prob {i}: {} vs its row's {want}", lps[i]);
+    }
+    assert!(!out.with_extension("logits.part").exists(), "the raw part file is left behind");
     // Ids outside the vocabulary, malformed id files.
     std::fs::write(&ids_file, "[1, 2, 9999]").expect("write");
     assert_clean_failure(&k31(&["score", "--model", model.to_str().expect("utf-8"), "--token-ids", ids_file.to_str().expect("utf-8")]), "9999");

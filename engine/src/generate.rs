@@ -147,26 +147,37 @@ pub fn generate(
     Ok((out, reason, metrics))
 }
 
-/// Log-probability of every token given the ones before it, and all logits rows.
+/// Log-probability of every token given the ones before it.
 pub struct Scores {
     /// logprob[i] = log p(tokens[i+1] | tokens[..=i]).
     pub logprobs: Vec<f64>,
-    /// [T, vocab] logits, one row per input position.
-    pub logits: Vec<f32>,
     pub perplexity: f64,
 }
 
-pub fn score(model: &Model, session: &mut Session, tokens: &[u32], hooks: &mut Hooks<'_>) -> Result<Scores, ModelError> {
+/// Scores `tokens` chunk by chunk. `on_logits` gets each chunk's logits rows [chunk, vocab] in
+/// order (to dump them), so host memory holds one chunk's logits whatever the length: a whole
+/// K3.1 text's [T, 163840] rows would be 655 KB per token.
+pub fn score(
+    model: &Model,
+    session: &mut Session,
+    tokens: &[u32],
+    hooks: &mut Hooks<'_>,
+    on_logits: &mut dyn FnMut(&[f32]) -> Result<(), ModelError>,
+) -> Result<Scores, ModelError> {
     if tokens.is_empty() {
         return Err(ModelError::Input("nothing to score: the token list is empty".into()));
     }
     let vocab = model.config.vocab_size;
-    let mut logits = Vec::with_capacity(tokens.len() * vocab);
-    for chunk in tokens.chunks(PREFILL_CHUNK) {
-        logits.extend(model.forward(session, chunk, LogitsFor::All, hooks)?.logits);
+    let mut logprobs = Vec::with_capacity(tokens.len() - 1);
+    for (c, chunk) in tokens.chunks(PREFILL_CHUNK).enumerate() {
+        let logits = model.forward(session, chunk, LogitsFor::All, hooks)?.logits;
+        on_logits(&logits)?;
+        for (j, row) in logits.chunks(vocab).enumerate() {
+            if let Some(&next) = tokens.get(c * PREFILL_CHUNK + j + 1) {
+                logprobs.push(log_softmax(row)[next as usize]);
+            }
+        }
     }
-    let logprobs: Vec<f64> =
-        (0..tokens.len() - 1).map(|i| log_softmax(&logits[i * vocab..(i + 1) * vocab])[tokens[i + 1] as usize]).collect();
     let nll = -logprobs.iter().sum::<f64>() / logprobs.len().max(1) as f64;
-    Ok(Scores { logprobs, logits, perplexity: nll.exp() })
+    Ok(Scores { logprobs, perplexity: nll.exp() })
 }
