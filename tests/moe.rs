@@ -72,6 +72,7 @@ fn router_cfg(groups: usize, topk_group: usize, scaling: f32) -> RouterConfig {
 
 /// Routes on the GPU; with `glu_n` > 0 the same dispatch also computes a SiTU GLU of that many
 /// random values, checked here against the reference.
+#[allow(clippy::too_many_arguments)]
 fn gpu_route(gpu: &Gpu, cfg: &RouterConfig, t: usize, e: usize, k: usize, logits: &[f32], bias: &[f32], glu_n: usize) -> (Vec<u32>, Vec<f32>) {
     let lb = gpu.storage_from("logits", logits);
     let bb = gpu.storage_from("bias", bias);
@@ -80,7 +81,7 @@ fn gpu_route(gpu: &Gpu, cfg: &RouterConfig, t: usize, e: usize, k: usize, logits
     let g: Vec<f32> = support::random_vec(41, glu_n.max(1)).iter().map(|v| v * 30.0).collect();
     let u: Vec<f32> = support::random_vec(42, glu_n.max(1)).iter().map(|v| v * 60.0).collect();
     let (gb, ub, ab) = (gpu.storage_from("g", &g), gpu.storage_from("u", &u), gpu.storage("a", (glu_n.max(1) * 4) as u64));
-    let glu = (glu_n > 0).then(|| router::GluJob { act: SITU, n: glu_n, gate: &gb, up: &ub, out: &ab });
+    let glu = (glu_n > 0).then_some(router::GluJob { act: SITU, n: glu_n, gate: &gb, up: &ub, out: &ab });
     run(gpu, |enc| router::router_select(gpu, enc, cfg, t, e, k, &lb, &bb, &idx, &wts, glu, None).unwrap());
     if glu_n > 0 {
         let got: Vec<f32> = gpu.read(&ab, glu_n).unwrap();
