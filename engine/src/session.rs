@@ -26,26 +26,27 @@ pub struct Session {
     pub tokens: Vec<u32>,
 }
 
-/// Host copy of one global layer's caches (positions `0..len`; bf16 values held in f32,
-/// which is exact).
+/// Host copy of one global layer's caches (positions `0..len`), as the bf16 bytes the GPU
+/// holds (half the memory of f32; a long context's snapshot is large: ~700 B per position
+/// per layer at K3.1's widths).
 #[derive(Clone, Debug, PartialEq)]
 pub struct GlobalCacheSnapshot {
     pub len: usize,
-    pub latent: Vec<f32>,
-    pub keys: Option<Vec<f32>>,
+    pub latent: Vec<u8>,
+    pub keys: Option<Vec<u8>>,
 }
 
 impl GlobalCache {
     pub fn snapshot(&self, gpu: &Gpu) -> Result<GlobalCacheSnapshot, GpuError> {
         let keys = match &self.keys {
-            Some(k) => Some(k.download(gpu, self.len)?),
+            Some(k) => Some(k.download_bf16(gpu, self.len)?),
             None => None,
         };
-        Ok(GlobalCacheSnapshot { len: self.len, latent: self.latent.download(gpu, self.len)?, keys })
+        Ok(GlobalCacheSnapshot { len: self.len, latent: self.latent.download_bf16(gpu, self.len)?, keys })
     }
 
     pub fn restore(&mut self, gpu: &Gpu, snap: &GlobalCacheSnapshot) -> Result<(), GpuError> {
-        let fits = |data: &[f32], width: usize| data.len() == snap.len * width;
+        let fits = |data: &[u8], width: usize| data.len() == snap.len * width * 2;
         if !fits(&snap.latent, self.latent.width) || self.keys.is_some() != snap.keys.is_some() {
             return Err(GpuError::Shape("global cache restore: the snapshot's rows do not match this layer".into()));
         }
@@ -53,20 +54,12 @@ impl GlobalCache {
             if !fits(data, k.width) {
                 return Err(GpuError::Shape("global cache restore: the snapshot's index keys do not match this layer".into()));
             }
-            k.upload(gpu, data)?;
+            k.upload_bf16(gpu, data)?;
         }
-        self.latent.upload(gpu, &snap.latent)?;
+        self.latent.upload_bf16(gpu, &snap.latent)?;
         self.len = snap.len;
         Ok(())
     }
-}
-
-fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect()
-}
-
-fn from_bf16(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect()
 }
 
 /// A host copy of a whole session.
@@ -176,20 +169,21 @@ impl Snapshot {
     /// tokens in the metadata (docs/formats.md).
     pub fn save(&self, path: &Path) -> Result<(), SessionError> {
         let file_err = |reason: String| SessionError::File { what: "write", path: path.display().to_string(), reason };
-        let mut tensors: Vec<(String, Vec<usize>, safetensors::Dtype, Vec<u8>)> = Vec::new();
+        // Views borrow the snapshot's buffers: no second copy of a long context's caches.
+        let mut tensors: Vec<(String, Vec<usize>, safetensors::Dtype, &[u8])> = Vec::new();
         for (l, k) in &self.kda {
-            tensors.push((format!("layers.{l}.kda.state"), vec![k.state.len()], safetensors::Dtype::F32, bytemuck::cast_slice(&k.state).to_vec()));
-            tensors.push((format!("layers.{l}.kda.conv"), vec![k.ring.len()], safetensors::Dtype::F32, bytemuck::cast_slice(&k.ring).to_vec()));
+            tensors.push((format!("layers.{l}.kda.state"), vec![k.state.len()], safetensors::Dtype::F32, bytemuck::cast_slice(&k.state)));
+            tensors.push((format!("layers.{l}.kda.conv"), vec![k.ring.len()], safetensors::Dtype::F32, bytemuck::cast_slice(&k.ring)));
         }
         for (l, c) in &self.global {
-            tensors.push((format!("layers.{l}.global.latent"), vec![c.latent.len()], safetensors::Dtype::BF16, bf16_bytes(&c.latent)));
+            tensors.push((format!("layers.{l}.global.latent"), vec![c.latent.len() / 2], safetensors::Dtype::BF16, &c.latent));
             if let Some(keys) = &c.keys {
-                tensors.push((format!("layers.{l}.global.index_keys"), vec![keys.len()], safetensors::Dtype::BF16, bf16_bytes(keys)));
+                tensors.push((format!("layers.{l}.global.index_keys"), vec![keys.len() / 2], safetensors::Dtype::BF16, keys));
             }
         }
         let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
             .iter()
-            .map(|(n, s, d, b)| safetensors::tensor::TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
+            .map(|(n, s, d, b)| safetensors::tensor::TensorView::new(*d, s.clone(), *b).map(|v| (n.clone(), v)))
             .collect::<Result<_, _>>()
             .map_err(|e| file_err(e.to_string()))?;
         let kda_pos: Vec<String> = self.kda.iter().map(|(l, k)| format!("{l}:{}", k.pos)).collect();
@@ -239,8 +233,8 @@ impl Snapshot {
         }
         let mut global = Vec::new();
         for (l, len) in pairs("global_lengths")? {
-            let latent = from_bf16(&data(format!("layers.{l}.global.latent"))?);
-            let keys = st.tensor(&format!("layers.{l}.global.index_keys")).ok().map(|t| from_bf16(t.data()));
+            let latent = data(format!("layers.{l}.global.latent"))?;
+            let keys = st.tensor(&format!("layers.{l}.global.index_keys")).ok().map(|t| t.data().to_vec());
             global.push((l, GlobalCacheSnapshot { len, latent, keys }));
         }
         if tokens.len() != position {

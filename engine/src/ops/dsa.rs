@@ -373,36 +373,42 @@ impl PagedRows {
         Ok(())
     }
 
-    /// Reads rows `0..rows` back as f32 (tests, diagnostics, snapshots).
-    pub fn download(&self, gpu: &Gpu, rows: usize) -> Result<Vec<f32>, GpuError> {
-        let mut out = Vec::with_capacity(rows * self.width);
+    /// Rows `0..rows` as their bf16 bytes (snapshots, diagnostics).
+    pub fn download_bf16(&self, gpu: &Gpu, rows: usize) -> Result<Vec<u8>, GpuError> {
+        let total = rows * self.width * 2;
+        let mut out = Vec::with_capacity(total);
         let mut i = 0;
-        while out.len() < rows * self.width {
-            let n = self.page_rows(i).min(rows - out.len() / self.width);
-            let bytes = gpu.read_bytes(&self.pages[i], 0, (n * self.width * 2) as u64)?;
-            out.extend(bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()));
+        while out.len() < total {
+            let n = self.page_rows(i).min(rows - out.len() / (self.width * 2));
+            out.extend(gpu.read_bytes(&self.pages[i], 0, (n * self.width * 2) as u64)?);
             i += 1;
         }
         Ok(out)
     }
 
-    /// Uploads f32 rows (rounded to bf16) to positions `0..rows` (tests and benchmarks).
-    pub fn upload(&mut self, gpu: &Gpu, data: &[f32]) -> Result<(), GpuError> {
-        let rows = data.len() / self.width;
+    /// Writes bf16 rows (their bytes) to positions `0..rows`.
+    pub fn upload_bf16(&mut self, gpu: &Gpu, bytes: &[u8]) -> Result<(), GpuError> {
+        let row_bytes = self.width * 2;
+        if !bytes.len().is_multiple_of(row_bytes) {
+            return Err(shape_err(format!("{}: {} bytes are not whole rows of {row_bytes}", self.label, bytes.len())));
+        }
+        let rows = bytes.len() / row_bytes;
         self.ensure(gpu, rows)?;
         let mut at = 0;
         let mut i = 0;
         while at < rows {
             let n = self.page_rows(i).min(rows - at);
-            let bytes: Vec<u8> = data[at * self.width..(at + n) * self.width]
-                .iter()
-                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-                .collect();
-            gpu.queue.write_buffer(&self.pages[i], 0, &bytes);
+            gpu.queue.write_buffer(&self.pages[i], 0, &bytes[at * row_bytes..(at + n) * row_bytes]);
             at += n;
             i += 1;
         }
         Ok(())
+    }
+
+    /// Uploads f32 rows (rounded to bf16) to positions `0..rows` (tests and benchmarks).
+    pub fn upload(&mut self, gpu: &Gpu, data: &[f32]) -> Result<(), GpuError> {
+        let bytes: Vec<u8> = data.iter().flat_map(|&v| half::bf16::from_f32(v).to_le_bytes()).collect();
+        self.upload_bf16(gpu, &bytes)
     }
 }
 
