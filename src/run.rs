@@ -403,6 +403,12 @@ fn print_metrics(m: &Metrics) {
         "prefill {} tokens in {:.3} s ({:.1} tokens/s); decode {} tokens in {:.3} s ({:.2} tokens/s)",
         m.prompt_tokens, m.prefill_seconds, m.prefill_tokens_per_second, m.generated_tokens, m.decode_seconds, m.decode_tokens_per_second
     );
+    if m.prefill_pipeline_seconds + m.decode_pipeline_seconds > 0.0 {
+        eprintln!(
+            "  of which building GPU pipelines (first use in this process): prefill {:.3} s, decode {:.3} s",
+            m.prefill_pipeline_seconds, m.decode_pipeline_seconds
+        );
+    }
     let peak = m.peak_gpu_bytes.map_or("not reported by this backend".to_string(), k31_engine::plan::human_bytes_u64);
     eprintln!("global cache {} B, KDA state {} B, peak GPU memory {peak}", m.cache_bytes, m.kda_state_bytes);
     for (op, s) in &m.gpu_seconds_by_op {

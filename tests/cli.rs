@@ -147,6 +147,8 @@ fn generate_streams_text_and_reports_json() {
     assert_eq!(v["stop_reason"], "MaxTokens");
     assert!(v["metrics"]["decode_tokens_per_second"].as_f64().expect("metric") > 0.0);
     assert!(v["metrics"].get("peak_gpu_bytes").is_some(), "peak GPU memory is reported: {v}");
+    // A fresh process builds its pipelines during the prefill, and says how long that took.
+    assert!(v["metrics"]["prefill_pipeline_seconds"].as_f64().expect("metric") > 0.0, "{v}");
     let ops: Vec<String> = v["metrics"]["gpu_seconds_by_op"].as_array().expect("ops").iter().map(|p| p[0].to_string()).collect();
     for family in ["topk", "index_scores", "mla_attend"] {
         assert!(ops.iter().any(|o| o.contains(family)), "no {family} in {ops:?}");

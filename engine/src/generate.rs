@@ -29,6 +29,10 @@ pub struct Metrics {
     pub decode_seconds: f64,
     pub prefill_tokens_per_second: f64,
     pub decode_tokens_per_second: f64,
+    /// Host time of the prefill and the decode spent building GPU pipelines (their first use
+    /// in this process; the driver may also compile them for the first time on this machine).
+    pub prefill_pipeline_seconds: f64,
+    pub decode_pipeline_seconds: f64,
     pub cache_bytes: u64,
     /// Peak GPU memory the allocator reserved during the run (with --metrics, on backends
     /// that report it: Vulkan, DX12).
@@ -90,6 +94,7 @@ pub fn generate(
     }
     let mut metrics = Metrics { prompt_tokens: prompt.len(), ..Default::default() };
     let mut diagnostics: Vec<TokenDiagnostics> = Vec::new();
+    let built_before = model.gpu.pipelines.build_seconds();
     let t0 = Instant::now();
     let mut logits = Vec::new();
     for chunk in prompt.chunks(PREFILL_CHUNK) {
@@ -101,6 +106,8 @@ pub fn generate(
     }
 
     metrics.prefill_seconds = t0.elapsed().as_secs_f64();
+    let built_after_prefill = model.gpu.pipelines.build_seconds();
+    metrics.prefill_pipeline_seconds = built_after_prefill - built_before;
     let mut out = Vec::new();
     let mut decode_time = Duration::ZERO;
     let reason = loop {
@@ -131,6 +138,7 @@ pub fn generate(
     };
     metrics.generated_tokens = out.len();
     metrics.decode_seconds = decode_time.as_secs_f64();
+    metrics.decode_pipeline_seconds = model.gpu.pipelines.build_seconds() - built_after_prefill;
     metrics.prefill_tokens_per_second = prompt.len() as f64 / metrics.prefill_seconds.max(1e-9);
     // The first token comes from the prefill logits; the others each cost a decode step.
     let steps = out.len().saturating_sub(1).max(1);

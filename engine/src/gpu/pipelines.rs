@@ -3,7 +3,7 @@
 
 use super::{Gpu, GpuError};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One kernel variant: a shader file, an entry point and the override constants that
@@ -88,6 +88,8 @@ pub struct PipelineCache {
     workgroup: Mutex<HashMap<&'static str, HashMap<String, u32>>>,
     /// Refuse kernels over the workgroup limit on lavapipe too (see [`PipelineCache::get`]).
     strict: AtomicBool,
+    /// Host time spent building pipelines, in nanoseconds (a process's first prompt pays it).
+    build_nanos: AtomicU64,
 }
 
 /// Lavapipe reports 32 KiB of workgroup memory but runs kernels that use more, so the tests
@@ -101,6 +103,11 @@ impl PipelineCache {
     /// variant the adapter runs.
     pub fn fits(&self, gpu: &Gpu, k: &Kernel) -> Result<bool, GpuError> {
         Ok(self.workgroup_bytes(k)? <= gpu.caps.max_workgroup_storage)
+    }
+
+    /// Host seconds spent building pipelines so far in this process.
+    pub fn build_seconds(&self) -> f64 {
+        self.build_nanos.load(Ordering::Relaxed) as f64 * 1e-9
     }
 
     /// Makes [`PipelineCache::get`] refuse kernels over the adapter's workgroup limit even on
@@ -150,6 +157,7 @@ impl PipelineCache {
             )));
         }
         let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
+        let started = std::time::Instant::now();
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let desc = wgpu::ShaderModuleDescriptor { label: Some(k.shader), source: wgpu::ShaderSource::Wgsl(src.into()) };
         let module = if k.unchecked {
@@ -166,7 +174,9 @@ impl PipelineCache {
             compilation_options: wgpu::PipelineCompilationOptions { constants: k.constants, ..Default::default() },
             cache: None,
         });
-        if let Some(err) = pollster::block_on(scope.pop()) {
+        let error = pollster::block_on(scope.pop());
+        self.build_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        if let Some(err) = error {
             return Err(fail(err.to_string()));
         }
         let p = Arc::new(pipeline);
