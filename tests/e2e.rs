@@ -110,9 +110,15 @@ fn snapshot_restore_continues_identically() {
         let max = got.iter().zip(&uninterrupted).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(max <= 1e-6, "{name}: logits differ by {max}");
     }
-    // A snapshot file that is not one is a clear error.
-    std::fs::write(&path, b"nonsense").expect("write");
-    assert!(Snapshot::load(&path).is_err());
+    // A snapshot file that is not one, a truncated one or an empty one is a clear error.
+    let whole = std::fs::read(&path).expect("read");
+    std::fs::write(&path, &whole[..whole.len() / 2]).expect("write");
+    let e = Snapshot::load(&path).expect_err("truncated");
+    assert!(e.to_string().contains(&path.display().to_string()), "{e}");
+    for junk in [&b"nonsense"[..], &b""[..]] {
+        std::fs::write(&path, junk).expect("write");
+        assert!(Snapshot::load(&path).is_err());
+    }
 }
 
 #[test]

@@ -202,9 +202,14 @@ impl Snapshot {
     pub fn load(path: &Path) -> Result<Snapshot, SessionError> {
         let p = path.display().to_string();
         let bad = |reason: String| SessionError::File { what: "read", path: p.clone(), reason };
-        let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(e.to_string()))?;
+        // Mapped, not read: the tensors are copied out once, not twice.
+        let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+        // SAFETY: as with the checkpoint's mapping, the file must not be modified while it is
+        // loaded; the mapping lives only for this call.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
+        let bytes: &[u8] = &map;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
+        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
         let info = meta.metadata().clone().unwrap_or_default();
         if info.get("format").map(String::as_str) != Some("k31-session-1") {
             return Err(bad("not a k31 session snapshot (metadata `format` is not k31-session-1)".into()));
