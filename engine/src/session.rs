@@ -183,7 +183,7 @@ impl Snapshot {
         }
         let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
             .iter()
-            .map(|(n, s, d, b)| safetensors::tensor::TensorView::new(*d, s.clone(), *b).map(|v| (n.clone(), v)))
+            .map(|(n, s, d, b)| safetensors::tensor::TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
             .collect::<Result<_, _>>()
             .map_err(|e| file_err(e.to_string()))?;
         let kda_pos: Vec<String> = self.kda.iter().map(|(l, k)| format!("{l}:{}", k.pos)).collect();
@@ -227,18 +227,18 @@ impl Snapshot {
                 })
                 .collect()
         };
-        let data = |name: String| -> Result<Vec<u8>, SessionError> {
-            st.tensor(&name).map(|t| t.data().to_vec()).map_err(|_| bad(format!("tensor `{name}` is missing")))
+        let data = |name: String| -> Result<&[u8], SessionError> {
+            st.tensor(&name).map(|t| t.data()).map_err(|_| bad(format!("tensor `{name}` is missing")))
         };
         let mut kda = Vec::new();
         for (l, pos) in pairs("kda_positions")? {
-            let state = bytemuck::pod_collect_to_vec(&data(format!("layers.{l}.kda.state"))?);
-            let ring = bytemuck::pod_collect_to_vec(&data(format!("layers.{l}.kda.conv"))?);
+            let state = bytemuck::pod_collect_to_vec(data(format!("layers.{l}.kda.state"))?);
+            let ring = bytemuck::pod_collect_to_vec(data(format!("layers.{l}.kda.conv"))?);
             kda.push((l, KdaSnapshot { state, ring, pos: pos as u64 }));
         }
         let mut global = Vec::new();
         for (l, len) in pairs("global_lengths")? {
-            let latent = data(format!("layers.{l}.global.latent"))?;
+            let latent = data(format!("layers.{l}.global.latent"))?.to_vec();
             let keys = st.tensor(&format!("layers.{l}.global.index_keys")).ok().map(|t| t.data().to_vec());
             global.push((l, GlobalCacheSnapshot { len, latent, keys }));
         }

@@ -409,8 +409,6 @@ impl Gpu {
         self.pass(enc, kernel, &pipeline, &bind, grid, profiler)
     }
 
-    /// A clear error where a whole-buffer binding exceeds what the adapter allows (wgpu would
-    /// otherwise fail inside bind group creation).
     /// A bind group of whole buffers for `kernel`'s group 0, after [`Gpu::check_bindings`]
     /// (wgpu panics on a binding past the adapter's limit).
     pub fn bind_group(&self, kernel: &Kernel, pipeline: &wgpu::ComputePipeline, entries: &[(u32, &wgpu::Buffer)]) -> Result<wgpu::BindGroup, GpuError> {
@@ -420,7 +418,8 @@ impl Gpu {
         Ok(self.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(kernel.name), layout: &pipeline.get_bind_group_layout(0), entries: &e }))
     }
 
-    /// Every buffer of a dispatch within one binding (a clear error, not wgpu's panic).
+    /// A clear error where a whole-buffer binding exceeds what the adapter allows (wgpu would
+    /// otherwise panic inside bind group creation).
     pub fn check_bindings(&self, kernel: &Kernel, buffers: &[(u32, &wgpu::Buffer)]) -> Result<(), GpuError> {
         match buffers.iter().find(|(_, b)| b.size() > self.caps.max_binding) {
             Some((b, buf)) => Err(GpuError::TooLarge { what: format!("{} binding {b}", kernel.name), needed: buf.size(), limit: self.caps.max_binding }),

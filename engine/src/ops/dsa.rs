@@ -198,10 +198,6 @@ fn run(
     gpu.record(enc, kernel, entries, groups, profiler)
 }
 
-/// A bind group for one of several dispatches recorded in a single pass (top-k).
-fn make_bind(gpu: &Gpu, pipeline: &wgpu::ComputePipeline, kernel: &Kernel, entries: &[(u32, &wgpu::Buffer)]) -> Result<wgpu::BindGroup, GpuError> {
-    gpu.bind_group(kernel, pipeline, entries)
-}
 
 fn check_groups(gpu: &Gpu, what: &str, groups: [u32; 3]) -> Result<(), GpuError> {
     let max = gpu.caps.max_workgroups_per_dim;
@@ -684,7 +680,7 @@ fn topk_impl(
     let mut prepared = Vec::with_capacity(steps.len());
     for (kernel, entries, gx) in steps.iter().take(if ordered { 3 } else { 2 }) {
         let pipeline = gpu.pipelines.get(gpu, kernel)?;
-        let bind = make_bind(gpu, &pipeline, kernel, entries)?;
+        let bind = gpu.bind_group(kernel, &pipeline, entries)?;
         prepared.push((pipeline, bind, *gx));
     }
     if TOPK_SPLIT_PASSES.load(std::sync::atomic::Ordering::Relaxed) {
@@ -723,7 +719,7 @@ pub fn topk_probe(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, n: usize, profiler:
     let st = &gpu.storage("topk probe state", 64);
     let u = gpu.uniform("topk params", &TopkParams::default());
     let pipeline = gpu.pipelines.get(gpu, &TOPK_NOOP)?;
-    let bind = make_bind(gpu, &pipeline, &TOPK_NOOP, &[(0, &u), (3, st)])?;
+    let bind = gpu.bind_group(&TOPK_NOOP, &pipeline, &[(0, &u), (3, st)])?;
     let timestamp_writes = profiler.and_then(|p| p.pass("topk probe"));
     let mut pass = gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("topk probe"), timestamp_writes });
     pass.set_pipeline(&pipeline);
