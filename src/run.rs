@@ -7,7 +7,7 @@ use k31_engine::generate::{self, GenerateOptions, Metrics, StopReason};
 use k31_engine::gpu::{Gpu, Profiler};
 use k31_engine::model::{Hooks, Model, ModelError};
 use k31_engine::sample::{Sampler, SamplingParams};
-use k31_engine::session::{Session, Snapshot};
+use k31_engine::session::{self, Session};
 use k31_engine::tokenizer::{Tokenizer, Utf8Stream};
 use k31_engine::trace::{Selection, SelectionSink};
 use k31_viewer::{run_window, spawn_png_export, Flow, FrameSink, GenControl, LayerFigures, PngExportOptions, TraceWriter, ViewerOptions};
@@ -339,10 +339,10 @@ fn run_generation(args: GenerateArgs, loaded: Loaded, window: Option<FrameSink>,
 /// many prompt tokens the session already holds.
 fn use_prefix_cache(gpu: &Gpu, model: &Model, session: &mut Session, prompt: &[u32], path: &Path) -> Result<usize> {
     if path.exists() {
-        let snap = Snapshot::load(path)?;
-        let n = snap.tokens.len();
-        if n >= prompt.len() || prompt[..n] != snap.tokens[..] {
-            let first_diff = snap.tokens.iter().zip(prompt).position(|(a, b)| a != b).unwrap_or(n.min(prompt.len()));
+        let cached = session::snapshot_tokens(path)?;
+        let n = cached.len();
+        if n >= prompt.len() || prompt[..n] != cached[..] {
+            let first_diff = cached.iter().zip(prompt).position(|(a, b)| a != b).unwrap_or(n.min(prompt.len()));
             bail!(
                 "{}: the cached prefix ({n} tokens) does not begin this prompt ({} tokens; they differ from token {first_diff}); \
                  the prompt must extend the cached one by at least one token - use another file or delete this one",
@@ -350,7 +350,7 @@ fn use_prefix_cache(gpu: &Gpu, model: &Model, session: &mut Session, prompt: &[u
                 prompt.len()
             );
         }
-        session.restore(gpu, &snap).with_context(|| format!("restoring the session cached in {}", path.display()))?;
+        session.restore_file(gpu, path).with_context(|| format!("restoring the session cached in {}", path.display()))?;
         return Ok(n);
     }
     if prompt.len() < 2 {
@@ -358,7 +358,7 @@ fn use_prefix_cache(gpu: &Gpu, model: &Model, session: &mut Session, prompt: &[u
     }
     let n = prompt.len() - 1;
     generate::prefill(model, session, &prompt[..n], &mut Hooks::default())?;
-    session.snapshot(gpu)?.save(path).with_context(|| format!("saving the prefix cache {}", path.display()))?;
+    session.save(gpu, path).with_context(|| format!("saving the prefix cache {}", path.display()))?;
     Ok(n)
 }
 

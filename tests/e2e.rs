@@ -106,10 +106,31 @@ fn snapshot_restore_continues_identically() {
     assert_eq!(loaded, snap, "disk round trip");
     fresh.restore(&gpu, &loaded).expect("restore from disk");
     let from_disk = run(&mut fresh);
-    for (name, got) in [("restored", &restored), ("from disk", &from_disk)] {
+    // The streaming save (one buffer at a time, straight from the GPU) writes the same file
+    // content, and the streaming restore (straight from the mapping) continues identically.
+    let streamed = path.with_file_name("streamed.k31session");
+    s.restore(&gpu, &snap).expect("restore");
+    s.save(&gpu, &streamed).expect("streaming save");
+    assert_eq!(Snapshot::load(&streamed).expect("load streamed"), snap, "streamed file");
+    assert_eq!(k31_engine::session::snapshot_tokens(&streamed).expect("tokens"), prefix);
+    let mut fresh2 = model.new_session().expect("session");
+    fresh2.restore_file(&gpu, &streamed).expect("restore_file");
+    let from_file = run(&mut fresh2);
+    for (name, got) in [("restored", &restored), ("from disk", &from_disk), ("streamed", &from_file)] {
         let max = got.iter().zip(&uninterrupted).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
         assert!(max <= 1e-6, "{name}: logits differ by {max}");
     }
+    // A snapshot that does not fit (its 24 positions past a 16-position context) is refused
+    // before any layer is written: the session continues as if nothing happened.
+    let mut small = k31_engine::session::Session::new(&gpu, &model.config, 16).expect("small session");
+    let e = small.restore_file(&gpu, &streamed).expect_err("too long for the context");
+    assert!(e.to_string().contains("context"), "{e}");
+    assert!(small.restore(&gpu, &snap).is_err());
+    assert_eq!(small.position, 0);
+    let mut clean = k31_engine::session::Session::new(&gpu, &model.config, 16).expect("clean session");
+    let after_refusal = model.forward(&mut small, &rest[..1], LogitsFor::Last, &mut Hooks::default()).expect("after refusal").logits;
+    let untouched = model.forward(&mut clean, &rest[..1], LogitsFor::Last, &mut Hooks::default()).expect("clean").logits;
+    assert_eq!(after_refusal, untouched, "a refused restore changed the session");
     // A snapshot file that is not one, a truncated one or an empty one is a clear error.
     let whole = std::fs::read(&path).expect("read");
     std::fs::write(&path, &whole[..whole.len() / 2]).expect("write");

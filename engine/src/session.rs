@@ -46,20 +46,43 @@ impl GlobalCache {
     }
 
     pub fn restore(&mut self, gpu: &Gpu, snap: &GlobalCacheSnapshot) -> Result<(), GpuError> {
-        let fits = |data: &[u8], width: usize| data.len() == snap.len * width * 2;
-        if !fits(&snap.latent, self.latent.width) || self.keys.is_some() != snap.keys.is_some() {
+        self.restore_parts(gpu, snap.len, &snap.latent, snap.keys.as_deref())
+    }
+
+    /// Whether `len` positions with latent and index-key bytes of these sizes fit this layer.
+    fn check_parts(&self, len: usize, latent: usize, keys: Option<usize>) -> Result<(), GpuError> {
+        if latent != len * self.latent.width * 2 || self.keys.is_some() != keys.is_some() {
             return Err(GpuError::Shape("global cache restore: the snapshot's rows do not match this layer".into()));
         }
-        if let (Some(k), Some(data)) = (&mut self.keys, &snap.keys) {
-            if !fits(data, k.width) {
+        if let (Some(k), Some(bytes)) = (&self.keys, keys) {
+            if bytes != len * k.width * 2 {
                 return Err(GpuError::Shape("global cache restore: the snapshot's index keys do not match this layer".into()));
             }
-            k.upload_bf16(gpu, data)?;
         }
-        self.latent.upload_bf16(gpu, &snap.latent)?;
-        self.len = snap.len;
+        if len > self.latent.max_rows {
+            return Err(GpuError::Shape(format!(
+                "global cache restore: the snapshot holds {len} positions, this session's context is {}",
+                self.latent.max_rows
+            )));
+        }
         Ok(())
     }
+
+    fn restore_parts(&mut self, gpu: &Gpu, len: usize, latent: &[u8], keys: Option<&[u8]>) -> Result<(), GpuError> {
+        self.check_parts(len, latent.len(), keys.map(<[u8]>::len))?;
+        if let (Some(k), Some(data)) = (&mut self.keys, keys) {
+            k.upload_bf16(gpu, data)?;
+        }
+        self.latent.upload_bf16(gpu, latent)?;
+        self.len = len;
+        Ok(())
+    }
+}
+
+/// One layer's state as bytes, wherever they are (an in-memory snapshot, a mapped file).
+enum LayerBytes<'a> {
+    Kda { state: &'a [u8], ring: &'a [u8], pos: u64 },
+    Global { len: usize, latent: &'a [u8], keys: Option<&'a [u8]> },
 }
 
 /// A host copy of a whole session.
@@ -145,74 +168,200 @@ impl Session {
 
     /// Puts the session back to `snap` (taken from a session of the same model).
     pub fn restore(&mut self, gpu: &Gpu, snap: &Snapshot) -> Result<(), GpuError> {
-        let layers = self.layers.len();
+        let mut parts = Vec::new();
         for (l, k) in &snap.kda {
-            match self.layers.get_mut(*l) {
-                Some(LayerState::Kda(s)) => s.restore(gpu, k)?,
-                _ => return Err(GpuError::Shape(format!("snapshot has KDA state for layer {l}, which is not a KDA layer of this {layers}-layer model"))),
-            }
+            parts.push((*l, LayerBytes::Kda { state: bytemuck::cast_slice(&k.state), ring: bytemuck::cast_slice(&k.ring), pos: k.pos }));
         }
         for (l, c) in &snap.global {
-            match self.layers.get_mut(*l) {
-                Some(LayerState::Global(s)) => s.restore(gpu, c)?,
-                _ => return Err(GpuError::Shape(format!("snapshot has a global cache for layer {l}, which is not a global layer of this {layers}-layer model"))),
+            parts.push((*l, LayerBytes::Global { len: c.len, latent: &c.latent, keys: c.keys.as_deref() }));
+        }
+        self.restore_layers(gpu, &parts, snap.position, &snap.tokens)
+    }
+
+    /// Writes the session to `path` as [`Snapshot::save`] does, one state buffer at a time:
+    /// the host never holds more than one layer's cache (a whole long-context snapshot is
+    /// gigabytes).
+    pub fn save(&self, gpu: &Gpu, path: &Path) -> Result<(), SessionError> {
+        let mut parts = Vec::new();
+        let mut kda_pos = Vec::new();
+        let mut global_len = Vec::new();
+        for (l, s) in self.layers.iter().enumerate() {
+            match s {
+                LayerState::Kda(k) => {
+                    kda_pos.push((l, k.pos as usize));
+                    parts.push(Part::gpu(format!("layers.{l}.kda.state"), safetensors::Dtype::F32, k.state.size() as usize, || {
+                        gpu.read_bytes(&k.state, 0, k.state.size())
+                    }));
+                    parts.push(Part::gpu(format!("layers.{l}.kda.conv"), safetensors::Dtype::F32, k.ring.size() as usize, || {
+                        gpu.read_bytes(&k.ring, 0, k.ring.size())
+                    }));
+                }
+                LayerState::Global(c) => {
+                    global_len.push((l, c.len));
+                    let len = c.len;
+                    parts.push(Part::gpu(format!("layers.{l}.global.latent"), safetensors::Dtype::BF16, len * c.latent.width * 2, move || {
+                        c.latent.download_bf16(gpu, len)
+                    }));
+                    if let Some(keys) = &c.keys {
+                        parts.push(Part::gpu(format!("layers.{l}.global.index_keys"), safetensors::Dtype::BF16, len * keys.width * 2, move || {
+                            keys.download_bf16(gpu, len)
+                        }));
+                    }
+                }
             }
         }
-        self.position = snap.position;
-        self.tokens = snap.tokens.clone();
+        write_file(path, self.position, &self.tokens, &kda_pos, &global_len, parts)
+    }
+
+    /// Restores a snapshot file written by [`Session::save`] or [`Snapshot::save`] straight
+    /// from its mapping, one layer at a time (no host copy of the caches). Every layer is
+    /// checked before any is written, so a file that does not fit leaves the session as it
+    /// was.
+    pub fn restore_file(&mut self, gpu: &Gpu, path: &Path) -> Result<(), SessionError> {
+        let file = SnapshotFile::open(path)?;
+        let parts = file.layers()?;
+        self.restore_layers(gpu, &parts, file.position, &file.tokens)?;
+        Ok(())
+    }
+
+    /// Checks every part against its layer, then uploads them, handing each layer's bytes to
+    /// the GPU before the next (wgpu stages written bytes on the host until a submission).
+    fn restore_layers(&mut self, gpu: &Gpu, parts: &[(usize, LayerBytes)], position: usize, tokens: &[u32]) -> Result<(), GpuError> {
+        let layers = self.layers.len();
+        for (l, part) in parts {
+            match (self.layers.get(*l), part) {
+                (Some(LayerState::Kda(s)), LayerBytes::Kda { state, ring, .. }) => s.check_bytes(state.len(), ring.len())?,
+                (Some(LayerState::Global(c)), LayerBytes::Global { len, latent, keys }) => c.check_parts(*len, latent.len(), keys.map(<[u8]>::len))?,
+                (_, LayerBytes::Kda { .. }) => {
+                    return Err(GpuError::Shape(format!("snapshot has KDA state for layer {l}, which is not a KDA layer of this {layers}-layer model")))
+                }
+                (_, LayerBytes::Global { .. }) => {
+                    return Err(GpuError::Shape(format!("snapshot has a global cache for layer {l}, which is not a global layer of this {layers}-layer model")))
+                }
+            }
+        }
+        for (l, part) in parts {
+            match (&mut self.layers[*l], part) {
+                (LayerState::Kda(s), LayerBytes::Kda { state, ring, pos }) => s.restore_bytes(gpu, state, ring, *pos)?,
+                (LayerState::Global(c), LayerBytes::Global { len, latent, keys }) => c.restore_parts(gpu, *len, latent, *keys)?,
+                _ => unreachable!("checked above"),
+            }
+            gpu.queue.submit([]);
+            gpu.wait()?;
+        }
+        self.position = position;
+        self.tokens = tokens.to_vec();
         Ok(())
     }
 }
 
-impl Snapshot {
-    /// Writes the snapshot as safetensors: one tensor per state buffer, position and
-    /// tokens in the metadata (docs/formats.md).
-    pub fn save(&self, path: &Path) -> Result<(), SessionError> {
-        let file_err = |reason: String| SessionError::File { what: "write", path: path.display().to_string(), reason };
-        // Views borrow the snapshot's buffers: no second copy of a long context's caches.
-        let mut tensors: Vec<(String, Vec<usize>, safetensors::Dtype, &[u8])> = Vec::new();
-        for (l, k) in &self.kda {
-            tensors.push((format!("layers.{l}.kda.state"), vec![k.state.len()], safetensors::Dtype::F32, bytemuck::cast_slice(&k.state)));
-            tensors.push((format!("layers.{l}.kda.conv"), vec![k.ring.len()], safetensors::Dtype::F32, bytemuck::cast_slice(&k.ring)));
-        }
-        for (l, c) in &self.global {
-            tensors.push((format!("layers.{l}.global.latent"), vec![c.latent.len() / 2], safetensors::Dtype::BF16, &c.latent));
-            if let Some(keys) = &c.keys {
-                tensors.push((format!("layers.{l}.global.index_keys"), vec![keys.len() / 2], safetensors::Dtype::BF16, keys));
-            }
-        }
-        let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
-            .iter()
-            .map(|(n, s, d, b)| safetensors::tensor::TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
-            .collect::<Result<_, _>>()
-            .map_err(|e| file_err(e.to_string()))?;
-        let kda_pos: Vec<String> = self.kda.iter().map(|(l, k)| format!("{l}:{}", k.pos)).collect();
-        let global_len: Vec<String> = self.global.iter().map(|(l, c)| format!("{l}:{}", c.len)).collect();
-        let meta = std::collections::HashMap::from([
-            ("format".to_string(), "k31-session-1".to_string()),
-            ("position".to_string(), self.position.to_string()),
-            ("tokens".to_string(), serde_json::to_string(&self.tokens).map_err(|e| file_err(e.to_string()))?),
-            ("kda_positions".to_string(), kda_pos.join(",")),
-            ("global_lengths".to_string(), global_len.join(",")),
-        ]);
-        safetensors::serialize_to_file(views, Some(meta), path).map_err(|e| file_err(e.to_string()))
+/// The snapshot file format's name, in its metadata.
+const FORMAT: &str = "k31-session-1";
+
+/// One tensor of a snapshot being written; its bytes are fetched when the writer reaches it
+/// (safetensors writes tensors one after another), so a streaming save holds one at a time.
+struct Part<'a> {
+    name: String,
+    dtype: safetensors::Dtype,
+    shape: [usize; 1],
+    bytes: usize,
+    fetch: Box<dyn Fn() -> Result<std::borrow::Cow<'a, [u8]>, GpuError> + 'a>,
+    /// The first fetch error: the writer cannot take one, so the part writes zeros and the
+    /// save fails afterwards.
+    failed: std::cell::RefCell<Option<GpuError>>,
+}
+
+impl<'a> Part<'a> {
+    fn new(name: String, dtype: safetensors::Dtype, bytes: usize, fetch: Box<dyn Fn() -> Result<std::borrow::Cow<'a, [u8]>, GpuError> + 'a>) -> Part<'a> {
+        Part { name, dtype, shape: [bytes * 8 / dtype.bitsize()], bytes, fetch, failed: Default::default() }
     }
 
-    /// Reads a snapshot written by [`Snapshot::save`].
-    pub fn load(path: &Path) -> Result<Snapshot, SessionError> {
+    fn host(name: String, dtype: safetensors::Dtype, data: &'a [u8]) -> Part<'a> {
+        Part::new(name, dtype, data.len(), Box::new(move || Ok(std::borrow::Cow::Borrowed(data))))
+    }
+
+    fn gpu(name: String, dtype: safetensors::Dtype, bytes: usize, download: impl Fn() -> Result<Vec<u8>, GpuError> + 'a) -> Part<'a> {
+        Part::new(name, dtype, bytes, Box::new(move || download().map(std::borrow::Cow::Owned)))
+    }
+}
+
+impl safetensors::View for &Part<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        match (self.fetch)() {
+            Ok(b) if b.len() == self.bytes => b,
+            Ok(b) => {
+                self.failed.borrow_mut().get_or_insert(GpuError::Shape(format!("{}: {} bytes, expected {}", self.name, b.len(), self.bytes)));
+                std::borrow::Cow::Owned(vec![0; self.bytes])
+            }
+            Err(e) => {
+                self.failed.borrow_mut().get_or_insert(e);
+                std::borrow::Cow::Owned(vec![0; self.bytes])
+            }
+        }
+    }
+    fn data_len(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Writes a snapshot file: to a sibling temporary file, renamed over `path` only once it is
+/// complete, so a failed save never damages an existing snapshot.
+fn write_file(path: &Path, position: usize, tokens: &[u32], kda_pos: &[(usize, usize)], global_len: &[(usize, usize)], parts: Vec<Part>) -> Result<(), SessionError> {
+    let file_err = |reason: String| SessionError::File { what: "write", path: path.display().to_string(), reason };
+    let list = |v: &[(usize, usize)]| v.iter().map(|(l, n)| format!("{l}:{n}")).collect::<Vec<_>>().join(",");
+    let meta = std::collections::HashMap::from([
+        ("format".to_string(), FORMAT.to_string()),
+        ("position".to_string(), position.to_string()),
+        ("tokens".to_string(), serde_json::to_string(tokens).map_err(|e| file_err(e.to_string()))?),
+        ("kda_positions".to_string(), list(kda_pos)),
+        ("global_lengths".to_string(), list(global_len)),
+    ]);
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let written = safetensors::serialize_to_file(parts.iter().map(|p| (p.name.clone(), p)), Some(meta), &partial).map_err(|e| e.to_string());
+    let failed = parts.iter().find_map(|p| p.failed.borrow_mut().take());
+    let result = match (written, failed) {
+        (Err(e), _) => Err(file_err(e)),
+        (Ok(()), Some(e)) => Err(SessionError::Gpu(e)),
+        (Ok(()), None) => std::fs::rename(&partial, path).map_err(|e| file_err(e.to_string())),
+    };
+    if result.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    result
+}
+
+/// A mapped snapshot file with its metadata read and its tensor table checked.
+struct SnapshotFile {
+    path: String,
+    map: memmap2::Mmap,
+    position: usize,
+    tokens: Vec<u32>,
+    kda: Vec<(usize, usize)>,
+    global: Vec<(usize, usize)>,
+}
+
+impl SnapshotFile {
+    fn open(path: &Path) -> Result<SnapshotFile, SessionError> {
         let p = path.display().to_string();
         let bad = |reason: String| SessionError::File { what: "read", path: p.clone(), reason };
-        // Mapped, not read: the tensors are copied out once, not twice.
         let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
         // SAFETY: as with the checkpoint's mapping, the file must not be modified while it is
-        // loaded; the mapping lives only for this call.
+        // mapped; the mapping lives as long as this value.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
-        let bytes: &[u8] = &map;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
-        let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&map).map_err(|e| bad(e.to_string()))?;
+        // Checks every tensor's offsets against the file (a truncated file fails here).
+        safetensors::SafeTensors::deserialize(&map).map_err(|e| bad(e.to_string()))?;
         let info = meta.metadata().clone().unwrap_or_default();
-        if info.get("format").map(String::as_str) != Some("k31-session-1") {
-            return Err(bad("not a k31 session snapshot (metadata `format` is not k31-session-1)".into()));
+        if info.get("format").map(String::as_str) != Some(FORMAT) {
+            return Err(bad(format!("not a k31 session snapshot (metadata `format` is not {FORMAT})")));
         }
         let field = |k: &str| info.get(k).cloned().ok_or_else(|| bad(format!("metadata `{k}` is missing")));
         let position: usize = field("position")?.parse().map_err(|_| bad("metadata `position` is not a number".into()))?;
@@ -227,24 +376,81 @@ impl Snapshot {
                 })
                 .collect()
         };
-        let data = |name: String| -> Result<&[u8], SessionError> {
-            st.tensor(&name).map(|t| t.data()).map_err(|_| bad(format!("tensor `{name}` is missing")))
-        };
-        let mut kda = Vec::new();
-        for (l, pos) in pairs("kda_positions")? {
-            let state = bytemuck::pod_collect_to_vec(data(format!("layers.{l}.kda.state"))?);
-            let ring = bytemuck::pod_collect_to_vec(data(format!("layers.{l}.kda.conv"))?);
-            kda.push((l, KdaSnapshot { state, ring, pos: pos as u64 }));
-        }
-        let mut global = Vec::new();
-        for (l, len) in pairs("global_lengths")? {
-            let latent = data(format!("layers.{l}.global.latent"))?.to_vec();
-            let keys = st.tensor(&format!("layers.{l}.global.index_keys")).ok().map(|t| t.data().to_vec());
-            global.push((l, GlobalCacheSnapshot { len, latent, keys }));
-        }
+        let (kda, global) = (pairs("kda_positions")?, pairs("global_lengths")?);
         if tokens.len() != position {
             return Err(SessionError::Mismatch { path: p, reason: format!("{} tokens for position {position}", tokens.len()) });
         }
-        Ok(Snapshot { position, tokens, kda, global })
+        Ok(SnapshotFile { path: p, map, position, tokens, kda, global })
+    }
+
+    fn tensor(&self, name: &str) -> Result<Option<&[u8]>, SessionError> {
+        let st = safetensors::SafeTensors::deserialize(&self.map)
+            .map_err(|e| SessionError::File { what: "read", path: self.path.clone(), reason: e.to_string() })?;
+        Ok(st.tensor(name).ok().map(|t| t.data()))
+    }
+
+    fn required(&self, name: &str) -> Result<&[u8], SessionError> {
+        self.tensor(name)?
+            .ok_or_else(|| SessionError::File { what: "read", path: self.path.clone(), reason: format!("tensor `{name}` is missing") })
+    }
+
+    fn layers(&self) -> Result<Vec<(usize, LayerBytes<'_>)>, SessionError> {
+        let mut parts = Vec::new();
+        for &(l, pos) in &self.kda {
+            let state = self.required(&format!("layers.{l}.kda.state"))?;
+            let ring = self.required(&format!("layers.{l}.kda.conv"))?;
+            parts.push((l, LayerBytes::Kda { state, ring, pos: pos as u64 }));
+        }
+        for &(l, len) in &self.global {
+            let latent = self.required(&format!("layers.{l}.global.latent"))?;
+            let keys = self.tensor(&format!("layers.{l}.global.index_keys"))?;
+            parts.push((l, LayerBytes::Global { len, latent, keys }));
+        }
+        Ok(parts)
+    }
+}
+
+/// The token ids a snapshot file holds (its metadata only; the caches are not read).
+pub fn snapshot_tokens(path: &Path) -> Result<Vec<u32>, SessionError> {
+    Ok(SnapshotFile::open(path)?.tokens)
+}
+
+impl Snapshot {
+    /// Writes the snapshot as safetensors: one tensor per state buffer, position and
+    /// tokens in the metadata (docs/formats.md).
+    pub fn save(&self, path: &Path) -> Result<(), SessionError> {
+        let mut parts = Vec::new();
+        for (l, k) in &self.kda {
+            parts.push(Part::host(format!("layers.{l}.kda.state"), safetensors::Dtype::F32, bytemuck::cast_slice(&k.state)));
+            parts.push(Part::host(format!("layers.{l}.kda.conv"), safetensors::Dtype::F32, bytemuck::cast_slice(&k.ring)));
+        }
+        for (l, c) in &self.global {
+            parts.push(Part::host(format!("layers.{l}.global.latent"), safetensors::Dtype::BF16, &c.latent));
+            if let Some(keys) = &c.keys {
+                parts.push(Part::host(format!("layers.{l}.global.index_keys"), safetensors::Dtype::BF16, keys));
+            }
+        }
+        let kda_pos: Vec<(usize, usize)> = self.kda.iter().map(|(l, k)| (*l, k.pos as usize)).collect();
+        let global_len: Vec<(usize, usize)> = self.global.iter().map(|(l, c)| (*l, c.len)).collect();
+        write_file(path, self.position, &self.tokens, &kda_pos, &global_len, parts)
+    }
+
+    /// Reads a snapshot written by [`Snapshot::save`] or [`Session::save`] into host memory
+    /// ([`Session::restore_file`] restores one without this copy).
+    pub fn load(path: &Path) -> Result<Snapshot, SessionError> {
+        let file = SnapshotFile::open(path)?;
+        let mut kda = Vec::new();
+        let mut global = Vec::new();
+        for (l, part) in file.layers()? {
+            match part {
+                LayerBytes::Kda { state, ring, pos } => {
+                    kda.push((l, KdaSnapshot { state: bytemuck::pod_collect_to_vec(state), ring: bytemuck::pod_collect_to_vec(ring), pos }))
+                }
+                LayerBytes::Global { len, latent, keys } => {
+                    global.push((l, GlobalCacheSnapshot { len, latent: latent.to_vec(), keys: keys.map(<[u8]>::to_vec) }))
+                }
+            }
+        }
+        Ok(Snapshot { position: file.position, tokens: file.tokens, kda, global })
     }
 }

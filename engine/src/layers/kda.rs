@@ -94,17 +94,28 @@ impl KdaState {
     }
 
     pub fn restore(&mut self, gpu: &Gpu, snap: &KdaSnapshot) -> Result<(), GpuError> {
+        self.restore_bytes(gpu, bytemuck::cast_slice(&snap.state), bytemuck::cast_slice(&snap.ring), snap.pos)
+    }
+
+    /// Whether state and window bytes of these sizes fit this layer.
+    pub fn check_bytes(&self, state: usize, ring: usize) -> Result<(), GpuError> {
         let (ns, nr) = self.lens();
-        if snap.state.len() != ns || snap.ring.len() != nr {
+        if state != ns * 4 || ring != nr * 4 {
             return Err(GpuError::Shape(format!(
                 "kda restore: snapshot has {} state / {} window values, this layer needs {ns} / {nr}",
-                snap.state.len(),
-                snap.ring.len()
+                state / 4,
+                ring / 4
             )));
         }
-        gpu.queue.write_buffer(&self.state, 0, bytemuck::cast_slice(&snap.state));
-        gpu.queue.write_buffer(&self.ring, 0, bytemuck::cast_slice(&snap.ring));
-        self.pos = snap.pos;
+        Ok(())
+    }
+
+    /// Restores from the f32 bytes of the state and the window.
+    pub fn restore_bytes(&mut self, gpu: &Gpu, state: &[u8], ring: &[u8], pos: u64) -> Result<(), GpuError> {
+        self.check_bytes(state.len(), ring.len())?;
+        gpu.queue.write_buffer(&self.state, 0, state);
+        gpu.queue.write_buffer(&self.ring, 0, ring);
+        self.pos = pos;
         Ok(())
     }
 }
