@@ -6,7 +6,7 @@ use crate::gpu::Profiler;
 use crate::layers::global_attn::{summarize, DiagnosticsSummary, TokenDiagnostics};
 use crate::model::{Hooks, LogitsFor, Model, ModelError};
 use crate::plan::PREFILL_CHUNK;
-use crate::sample::{log_softmax, Sampler};
+use crate::sample::{log_prob, Sampler};
 use crate::session::Session;
 use crate::trace::SelectionSink;
 use std::time::{Duration, Instant};
@@ -182,7 +182,7 @@ pub fn score(
         on_logits(&logits)?;
         for (j, row) in logits.chunks(vocab).enumerate() {
             if let Some(&next) = tokens.get(c * PREFILL_CHUNK + j + 1) {
-                logprobs.push(log_softmax(row)[next as usize]);
+                logprobs.push(log_prob(row, next as usize));
             }
         }
     }

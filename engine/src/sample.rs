@@ -134,11 +134,15 @@ pub fn argmax(v: &[f32]) -> Option<u32> {
     best.map(|(i, _)| i as u32)
 }
 
-/// log-softmax of one row in f64 (for `k31 score`).
-pub fn log_softmax(logits: &[f32]) -> Vec<f64> {
+/// log(sum(exp(logits))) of one row, in f64.
+pub fn log_sum_exp(logits: &[f32]) -> f64 {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max;
-    logits.iter().map(|&l| l as f64 - lse).collect()
+    logits.iter().map(|&l| (l as f64 - max).exp()).sum::<f64>().ln() + max
+}
+
+/// log-softmax of entry `i` of one row (for `k31 score`: no vocabulary-sized vector per token).
+pub fn log_prob(logits: &[f32], i: usize) -> f64 {
+    logits[i] as f64 - log_sum_exp(logits)
 }
 
 #[cfg(test)]
@@ -201,9 +205,10 @@ mod tests {
     }
 
     #[test]
-    fn log_softmax_normalises() {
-        let l = log_softmax(&[1.0, 2.0, 3.0]);
-        let s: f64 = l.iter().map(|x| x.exp()).sum();
+    fn log_probs_normalise() {
+        let row = [1.0, 2.0, 3.0, -1e30];
+        let s: f64 = (0..row.len()).map(|i| log_prob(&row, i).exp()).sum();
         assert!((s - 1.0).abs() < 1e-12);
+        assert!((log_prob(&row, 2) - log_prob(&row, 1) - 1.0).abs() < 1e-12);
     }
 }
