@@ -69,10 +69,15 @@ pub const INDEX_SCORES_COOP_F16: Kernel = Kernel::new("index_scores_coop_f16", "
     .with_constants(&[("QSPLIT", 0.0), ("EXACT", 0.0)])
     .coopmat()
     .subgroups();
-pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
-pub const TOPK_GATHER: Kernel = Kernel::new("topk_gather", "topk", "topk_gather");
-pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
-pub const TOPK_GATHER_SET: Kernel = Kernel::new("topk_gather_set", "topk", "topk_gather").with_constants(&[("ORDERED", 0.0)]);
+// The top-k kernels run without wgpu's runtime checks: rows are below n_rows (host-checked
+// against the scratch and the score buffer), positions below the valid length <= row_len <=
+// row_stride, selection slots below k, workgroup-memory indices bounded by construction (the
+// boundary copy also by BCAP), and the one data-dependent loop (the radix rounds) is bounded.
+pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist").unchecked();
+pub const TOPK_GATHER: Kernel = Kernel::new("topk_gather", "topk", "topk_gather").unchecked();
+pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank").unchecked();
+pub const TOPK_GATHER_SET: Kernel =
+    Kernel::new("topk_gather_set", "topk", "topk_gather").with_constants(&[("ORDERED", 0.0)]).unchecked();
 /// Bench probe: an empty dispatch (launch and drain floor), see [`topk_probe`].
 pub const TOPK_NOOP: Kernel = Kernel::new("topk_noop", "topk", "topk_noop");
 // The decode-path MLA kernels run without wgpu's runtime checks (index clamping, forced loop
@@ -674,7 +679,8 @@ fn topk_impl(
     let gather = if ordered { TOPK_GATHER } else { TOPK_GATHER_SET };
     let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 3] = [
         (TOPK_HIST, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
-        (gather, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score)], chunks),
+        // Bindings 2 and 8 are the same buffer, atomic and plain (topk.wgsl `histp`).
+        (gather, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score), (8, sc)], chunks),
         (TOPK_RANK, vec![(0, &u), (5, list), (6, sel), (7, sel_score)], ranks),
     ];
     let mut prepared = Vec::with_capacity(steps.len());
