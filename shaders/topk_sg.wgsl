@@ -8,31 +8,31 @@
 // higher rank, so the rule "score desc, then position asc" is plain descending order and the
 // selection is the `k` largest composites. Two dispatches (three for the ordered form):
 //   topk_hist     every workgroup (CHUNK positions) builds a workgroup histogram of the top 12
-//                 key bits and adds it into the row's global histogram, and into a coarse one
-//                 of the top 6 bits (a subgroup sum per 64 bins).
-//   topk_gather   every SUBGROUP finds on its own the bin b1 of the k-th key (the coarse bin,
-//                 then the 64 fine bins in it: two loads, no workgroup barrier) and need1 (keys
-//                 still taken from b1); keys above b1 go straight to the selection, keys in b1
-//                 (the candidates) are listed as (position, key) and histogrammed on key bits
-//                 8..19 (fine, and coarse on bits 14..19) in global atomics. The LAST
-//                 workgroup to finish (a done counter) refines alone: each subgroup finds bin
-//                 b2 of that histogram the same way, one walk over the candidate list (keys
-//                 above b2 selected, keys in b2 - the boundary set, a handful unless scores
-//                 tie - copied to workgroup memory; slots from subgroup sums and one workgroup
-//                 atomic per subgroup, no barrier), then the need2 largest composites of the
-//                 boundary set: ranked directly when it has at most NB_RANK keys, else
-//                 radix-selected in workgroup memory (8-bit digits: key bits 0..7, then
-//                 ~position byte by byte, stopping as soon as a bin is taken whole). Rows with
-//                 valid <= k select every valid position (no atomics at all).
+//                 key bits and adds it into the row's global histogram. Nothing else: no done
+//                 counter, no last-workgroup step.
+//   topk_gather   every workgroup finds from that histogram the bin b1 of the k-th key and
+//                 need1 (keys still taken from b1); keys above b1 go straight to the selection,
+//                 keys in b1 (the candidates) are listed as (position, key) and histogrammed on
+//                 key bits 8..19 in global atomics. The LAST workgroup to finish (a done
+//                 counter) refines alone: bin b2 of that histogram (need2 keys still needed),
+//                 one walk over the candidate list (keys above b2 selected, keys in b2 - the
+//                 boundary set, a handful unless scores tie - copied to workgroup memory; slots
+//                 from subgroup sums and one workgroup atomic per subgroup, no barrier), then
+//                 the need2 largest composites of the boundary set: ranked directly when it has
+//                 at most NB_RANK keys, else radix-selected in workgroup memory (8-bit digits:
+//                 key bits 0..7, then ~position byte by byte, stopping as soon as a bin is taken
+//                 whole). Rows with valid <= k select every valid position (no atomics at all).
 //   topk_rank     (ordered form only) the selection list (exactly min(k, valid) entries,
 //                 unordered) is ranked by counting: rank(e) = #{ j : comp_j > comp_e };
 //                 writes sel / sel_score in that order, -1 / -inf padded.
-// Workgroup barriers and dependent global round trips are what cost on the H200 (docs/perf.md:
-// a 1024-thread scan of six barriers ~1 us), so the critical path has few of each.
+// Dependent global round trips (~1.5 us each on the H200) and workgroup barriers (the
+// portable 6-barrier scan ~1 us, this file's 2-barrier subgroup scan ~0.6 us) are what cost
+// (docs/perf.md), so the critical path has few of each: scores and the histogram load
+// together, the refine's candidates and histogram load together, no state reads.
 // No workgroup ever waits for another (no spin locks), so it is correct on any adapter
 // whatever the scheduling. A boundary set larger than BCAP (massive ties) is radix-selected
-// straight from the global candidate list (slower, same result). Needs full subgroups of a
-// power-of-two size up to 64 (bins are assigned in subgroup order, sg_vi).
+// straight from the global candidate list (slower, same result). Needs full subgroups (bins
+// are assigned in subgroup order, sg_vi) of at least 4 lanes.
 // Scratch (host): hist [n_rows, HSTRIDE], state [n_rows, 16], cand [n_rows, row_len, 2],
 // list [n_rows, 2k]; hist and state zero before the first call, and the kernels leave them
 // zero (the histograms cleared by the last workgroup of topk_gather, the done counter by the
@@ -56,12 +56,8 @@ const WG: u32 = 1024u;
 const ITEMS: u32 = 4u;
 const CHUNK: u32 = 4096u; // WG * ITEMS positions per workgroup (the host's TOPK_CHUNK)
 const BINS: u32 = 4096u;
-// Per row of hist: digit-1 bins [0, 4096), digit-2 bins [D2, D2 + 4096), their coarse sums
-// (64 bins each) at C1 and C2. The host's TOPK_HSTRIDE.
-const HSTRIDE: u32 = 8320u;
-const D2: u32 = 4096u;
-const C1: u32 = 8192u;
-const C2: u32 = 8256u;
+const PER: u32 = BINS / WG; // global histogram bins per thread in find_bin_global
+const HSTRIDE: u32 = 8192u; // per row: digit-1 bins [0, 4096), digit-2 bins [4096, 8192)
 const BCAP: u32 = 2048u; // boundary keys held in workgroup memory
 const RI: u32 = 8u; // candidates per thread per step of the refine's walk
 const NB_RANK: u32 = 64u; // boundary sets up to this size are ranked directly (no radix rounds)
@@ -200,40 +196,30 @@ fn slots(v: u32, ctr: u32) -> u32 {
     return subgroupBroadcastFirst(b) + ex;
 }
 
-// The bin of hist[off..off+64) (highest bin first) holding the need-th largest key: (bin,
-// need within the bin, keys in the bin). Each subgroup on its own (no barrier, one round trip):
-// subgroup-uniform. need >= 1 and at most the bins' total.
-fn warp_find64(off: u32, need: u32) -> vec3<u32> {
-    var r = vec3<u32>(0u);
-    var carry = 0u;
-    for (var c = 0u; c < 64u; c += 2u * sg_size) {
-        let i = c + 2u * sg_lane; // the lane's first bin, counted from the top
-        var h0 = 0u;
-        var h1 = 0u;
-        if (i < 64u) {
-            h0 = histp[off + 63u - i];
-            h1 = histp[off + 62u - i];
-        }
-        let s = h0 + h1;
-        let ex = subgroupExclusiveAdd(s) + carry;
-        if (ex < need && ex + s >= need) {
-            if (ex + h0 >= need) {
-                r = vec3<u32>(63u - i, need - ex, h0);
-            } else {
-                r = vec3<u32>(62u - i, need - ex - h0, h1);
-            }
-        }
-        carry += subgroupAdd(s);
+// The bin of the global histogram hist[off..off+4096) (highest bin first) holding the need-th
+// largest key: (bin, need within the bin, keys in the bin), workgroup-uniform. Bins in
+// subgroup order (sg_vi): one round trip, a subgroup scan, four barriers.
+fn find_bin_global(off: u32, need: u32, lid: u32) -> vec3<u32> {
+    let per = PER;
+    var h: array<u32, PER>;
+    var s = 0u;
+    for (var i = 0u; i < per; i++) {
+        h[i] = histp[off + BINS - 1u - per * sg_vi - i];
+        s += h[i];
     }
-    return vec3<u32>(subgroupMax(r.x), subgroupMax(r.y), subgroupMax(r.z));
-}
-
-// The bin of the 4096-bin histogram at off (its coarse sums at coff) holding the need-th
-// largest key: (bin, need within the bin, keys in the bin), subgroup-uniform.
-fn warp_find(off: u32, coff: u32, need: u32) -> vec3<u32> {
-    let c = warp_find64(coff, need);
-    let f = warp_find64(off + 64u * c.x, c.y);
-    return vec3<u32>(64u * c.x + f.x, f.y, f.z);
+    let sc = wg_scan(lid, s);
+    let above = sc.x;
+    if (above < need && above + s >= need) {
+        var cum = above;
+        for (var i = 0u; i < per; i++) {
+            if (cum + h[i] >= need) {
+                fb = vec4<u32>(BINS - 1u - per * sg_vi - i, need - cum, h[i], 0u);
+                break;
+            }
+            cum += h[i];
+        }
+    }
+    return workgroupUniformLoad(&fb).xyz;
 }
 
 // The same over the 256 workgroup bins lh8 (one bin per thread of the first 256).
@@ -250,11 +236,7 @@ fn find_bin_local(need: u32, lid: u32) -> vec3<u32> {
 }
 
 @compute @workgroup_size(WG)
-fn topk_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
-             @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssz: u32, @builtin(subgroup_id) sgi: u32) {
-    sg_lane = sid;
-    sg_size = ssz;
-    sg_vi = sgi * ssz + sid;
+fn topk_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = row_of(wg, nwg);
     if (row >= p.n_rows) {
         return;
@@ -285,21 +267,10 @@ fn topk_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     }
     workgroupBarrier();
     let off = row * HSTRIDE;
-    // Bins in subgroup order: a subgroup's lanes hold consecutive bins of one coarse bin (64
-    // bins), so one subgroup sum per coarse bin.
-    for (var j = 0u; j < BINS / WG; j++) {
-        let b = j * WG + sg_vi;
+    for (var b = lid; b < BINS; b += WG) {
         let v = atomicLoad(&lh[b]);
         if (v > 0u) {
             atomicAdd(&hist[off + b], v);
-        }
-        if (sg_size <= 64u) {
-            let cs = subgroupAdd(v);
-            if (sg_lane == 0u && cs > 0u) {
-                atomicAdd(&hist[off + C1 + (b >> 6u)], cs);
-            }
-        } else if (v > 0u) {
-            atomicAdd(&hist[off + C1 + (b >> 6u)], v);
         }
     }
 }
@@ -368,14 +339,15 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
         return;
     }
-    // Every subgroup finds b1 (the bin of the k-th key) and need1 (keys still taken from it):
-    // the coarse loads are in flight with the scores.
+    // Every workgroup finds b1 (the bin of the k-th key) and need1 (keys still taken from it)
+    // in the digit-1 histogram (its loads in flight with the scores): no last-workgroup step in
+    // topk_hist.
     let off = row * HSTRIDE;
-    let r1 = warp_find(off, off + C1, p.k);
+    let r1 = find_bin_global(off, p.k, lid);
     let b1 = r1.x;
     var smask = 0u;
     var cmask = 0u;
-    let off2 = off + D2;
+    let off2 = off + BINS;
     for (var i = 0u; i < ITEMS; i++) {
         if (base + i * WG + lid < valid) {
             let d = keys[i] >> 20u;
@@ -384,7 +356,6 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             } else if (d == b1) {
                 cmask |= 1u << i;
                 atomicAdd(&hist[off2 + ((keys[i] >> 8u) & 0xfffu)], 1u);
-                atomicAdd(&hist[off + C2 + ((keys[i] >> 14u) & 0x3fu)], 1u);
             }
         }
     }
@@ -427,7 +398,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         return;
     }
     // The refine, in the last workgroup alone. No state is read: the first RI candidates per
-    // thread load together with the coarse digit-2 histogram.
+    // thread load together with the digit-2 histogram, one round trip.
     let ncand = u.y;
     let need1 = u.z;
     let cbase = row * p.row_len;
@@ -441,11 +412,9 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             ck[q] = c.y;
         }
     }
-    let r2 = warp_find(off2, off + C2, need1);
-    // Every workgroup has read the digit-1 histograms (the digit-2 ones are cleared once every
-    // subgroup here has read them, after the next barrier).
-    clear_global(off, D2, lid);
-    clear_global(off + C1, 64u, lid);
+    let r2 = find_bin_global(off2, need1, lid);
+    // Every workgroup has read the digit-1 histogram, every thread here the digit-2 one.
+    clear_global(off, HSTRIDE, lid);
     let b2 = r2.x;
     let nb = min(r2.z, ncand);
     let small = nb <= BCAP;
@@ -494,16 +463,10 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             }
         }
     }
-    // The boundary (b2, need2, its size), workgroup-uniform; the barrier also publishes the
-    // boundary set. need1 - need2 keys were selected above b2.
-    if (lid == 0u) {
-        fb = vec4<u32>(b2, r2.y, nb, 0u);
-    }
-    let rb = workgroupUniformLoad(&fb);
-    clear_global(off2, BINS, lid);
-    clear_global(off + C2, 64u, lid);
-    var outo2 = p.k - rb.y;
-    let nbu = rb.z;
+    // The barrier publishes the boundary set. need1 - need2 keys were selected above b2.
+    workgroupBarrier();
+    var outo2 = p.k - r2.y;
+    let nbu = nb;
     if (nbu <= NB_RANK) {
         // Small boundary set (the usual case): rank each element among the set by composite
         // (unique: positions differ); the need2 highest-ranked go to slots outo + rank.
@@ -515,7 +478,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
                 let kj = bkey[j];
                 r += select(0u, 1u, kj > ke || (kj == ke && bpos[j] < pe));
             }
-            if (r < rb.y) {
+            if (r < r2.y) {
                 put(row, outo2 + r, ke, pe);
             }
         }
@@ -524,8 +487,8 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     // Radix select of the need2 largest composites of the boundary set: threshold (tk, tl),
     // its top f bits known.
     let n = select(ncand, nbu, nbu <= BCAP);
-    var need = rb.y;
-    var tk = ((b1 << 12u) | rb.x) << 8u;
+    var need = r2.y;
+    var tk = ((b1 << 12u) | b2) << 8u;
     var tl = 0u;
     var f = 24u;
     var whole = need == nbu;

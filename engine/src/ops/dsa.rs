@@ -159,9 +159,8 @@ pub const MAX_PAGES: usize = 16;
 const TOPK_CHUNK: usize = 4096;
 /// Selection entries ranked per workgroup (topk.wgsl RANK_E).
 const TOPK_RANK_E: usize = 8;
-/// Global histogram words per row (topk.wgsl / topk_sg.wgsl HSTRIDE: 4096 + 4096 bins and
-/// two coarse sets of 64).
-const TOPK_HSTRIDE: usize = 8320;
+/// Global histogram words per row (topk.wgsl / topk_sg.wgsl HSTRIDE: 4096 + 4096 bins).
+const TOPK_HSTRIDE: usize = 8192;
 /// Pages stop doubling at this size: very large buffers gained nothing and the first
 /// H200 run slowed down past 1 GiB pages.
 const PAGE_BYTES_CAP: u64 = 256 << 20;
