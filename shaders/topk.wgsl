@@ -1,3 +1,5 @@
+// The portable form (no subgroups); topk_sg.wgsl is the same algorithm with subgroup scans and
+// barrier-free slots, run wherever the adapter has subgroups (same scratch and bindings).
 // Causal top-k of score rows (spec 5.3): per row r the positions of the k largest scores among
 // the valid prefix [0, valid) with valid = min(pos0 + r + 1, row_len), ordered by score
 // descending then position ascending; all valid positions when valid <= k.

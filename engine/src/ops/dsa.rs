@@ -605,7 +605,8 @@ impl TopkScratch {
 
 /// Top-k of `n_rows` score rows (stride `row_stride`), row r valid on
 /// `[0, min(pos0 + r + 1, row_len))`. Writes sel [n_rows, k] i32 (score desc, position asc,
-/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, three dispatches (topk.wgsl).
+/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, three dispatches (topk_sg.wgsl
+/// where the adapter has subgroups, else topk.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn topk(
     gpu: &Gpu,
