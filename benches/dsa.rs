@@ -6,6 +6,7 @@
 //! top-k rows and checks only (4K..1M, ordered and set, 200K with ties, a prefill block), `--mla`
 //! for the MLA rows only (absorb, sparse MLA), `--sweep` to add the sparse MLA at other grid
 //! sizes and with wgpu's runtime checks,
+//! `--portable` to run the top-k without subgroups (topk.wgsl) where the adapter has them,
 //! `--torch` to also run the PyTorch reference on the same GPU: naive indexer + torch.topk +
 //! gathered absorbed attention; needs python3 with CUDA torch).
 
@@ -163,6 +164,10 @@ fn main() -> anyhow::Result<()> {
     let mla_only = args.iter().any(|a| a == "--mla");
     // --sweep: also time the tiled MLA at other grid sizes and with wgpu's runtime checks.
     let sweep = args.iter().any(|a| a == "--sweep");
+    // --portable: the top-k without subgroups (topk.wgsl) even where the adapter has them.
+    if args.iter().any(|a| a == "--portable") {
+        dsa::set_topk_portable(true);
+    }
     let gpu = Gpu::open(None)?;
     println!("GPU: {}  (max binding {} MiB)", gpu.describe(), gpu.caps.max_binding >> 20);
     let copy = copy_bandwidth(&gpu, if quick || topk_only { 64 << 20 } else { 1 << 30 })? / 1e9;

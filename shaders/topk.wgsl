@@ -1,3 +1,5 @@
+// The portable form (no subgroups); topk_sg.wgsl is the same algorithm with subgroup scans and
+// barrier-free slots, run wherever the adapter has subgroups (same scratch and bindings).
 // Causal top-k of score rows (spec 5.3): per row r the positions of the k largest scores among
 // the valid prefix [0, valid) with valid = min(pos0 + r + 1, row_len), ordered by score
 // descending then position ascending; all valid positions when valid <= k.
@@ -71,10 +73,14 @@ const S_CCOUNT: u32 = 3u; // candidates listed
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
 @group(0) @binding(2) var<storage, read_write> hist: array<atomic<u32>>;
 @group(0) @binding(3) var<storage, read_write> state: array<atomic<u32>>;
-@group(0) @binding(4) var<storage, read_write> cand: array<atomic<u32>>;
-@group(0) @binding(5) var<storage, read_write> list: array<u32>;
+@group(0) @binding(4) var<storage, read_write> cand: array<vec2<u32>>; // (position, key)
+@group(0) @binding(5) var<storage, read_write> list: array<vec2<u32>>; // (key, position)
 @group(0) @binding(6) var<storage, read_write> sel: array<i32>;
 @group(0) @binding(7) var<storage, read_write> sel_score: array<f32>;
+// The same buffer as `hist`, read and cleared with plain loads and stores: the digit-1 bins come
+// from the previous dispatch, the digit-2 bins are read after the done counter (storage
+// barriers order them). Atomic loads measured ~0.5 us each on the H200, one after another.
+@group(0) @binding(8) var<storage, read_write> histp: array<u32>;
 
 var<workgroup> lh: array<atomic<u32>, BINS>; // topk_hist
 var<workgroup> lh8: array<atomic<u32>, 256>; // topk_gather's refine
@@ -138,8 +144,7 @@ fn score_key(row: u32, idx: u32) -> u32 {
 fn put(row: u32, o: u32, key: u32, pos: u32) {
     if (o < p.k) {
         if (ORDERED) {
-            list[row * p.k * 2u + 2u * o] = key;
-            list[row * p.k * 2u + 2u * o + 1u] = pos;
+            list[row * p.k + o] = vec2<u32>(key, pos);
         } else {
             sel[row * p.k + o] = i32(pos);
             sel_score[row * p.k + o] = score_of(key);
@@ -149,7 +154,7 @@ fn put(row: u32, o: u32, key: u32, pos: u32) {
 
 fn clear_global(off: u32, n: u32, lid: u32) {
     for (var b = lid; b < n; b += WG) {
-        atomicStore(&hist[off + b], 0u);
+        histp[off + b] = 0u;
     }
 }
 
@@ -178,7 +183,7 @@ fn find_bin_global(off: u32, need: u32, lid: u32) -> vec3<u32> {
     var h: array<u32, PER>;
     var s = 0u;
     for (var i = 0u; i < per; i++) {
-        h[i] = atomicLoad(&hist[off + BINS - 1u - per * lid - i]);
+        h[i] = histp[off + BINS - 1u - per * lid - i];
         s += h[i];
     }
     let sc = wg_scan(lid, s);
@@ -274,8 +279,7 @@ fn boundary(row: u32, j: u32, small: bool) -> vec2<u32> {
     if (small) {
         return vec2<u32>(bkey[j], bpos[j]);
     }
-    let c = 2u * (row * p.row_len + j);
-    return vec2<u32>(atomicLoad(&cand[c + 1u]), atomicLoad(&cand[c]));
+    return cand[row * p.row_len + j].yx;
 }
 
 @compute @workgroup_size(WG)
@@ -327,15 +331,18 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
     }
     // One scan for both counts (each <= CHUNK): selected in the low 16 bits, candidates above.
+    // The two slot reservations come from threads of different subgroups, in flight together.
     let sc = wg_scan(lid, countOneBits(smask) | (countOneBits(cmask) << 16u));
+    let ts = sc.y & 0xffffu;
+    let tc = sc.y >> 16u;
     if (lid == 0u) {
-        let ts = sc.y & 0xffffu;
-        let tc = sc.y >> 16u;
         ctl[3] = 0u;
-        ctl[4] = 0u;
         if (ts > 0u) {
             ctl[3] = atomicAdd(&state[row * ST + S_COUNT], ts);
         }
+    }
+    if (lid == 32u) {
+        ctl[4] = 0u;
         if (tc > 0u) {
             ctl[4] = atomicAdd(&state[row * ST + S_CCOUNT], tc);
         }
@@ -350,49 +357,41 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             o += 1u;
         }
         if ((cmask & (1u << i)) != 0u) {
-            atomicStore(&cand[2u * oc], idx);
-            atomicStore(&cand[2u * oc + 1u], keys[i]);
+            cand[oc] = vec2<u32>(idx, keys[i]);
             oc += 1u;
         }
     }
     if (!arrive(row * ST + S_DONE2, nwg.x, lid)) {
         return;
     }
-    // The refine, in the last workgroup alone.
-    // The state loads are in flight with find_bin_global's histogram loads.
-    var st = vec2<u32>(0u);
-    if (lid == 0u) {
-        st = vec2<u32>(atomicLoad(&state[row * ST + S_CCOUNT]), atomicLoad(&state[row * ST + S_COUNT]));
+    // The refine, in the last workgroup alone. The candidate count is bin b1's count and the
+    // keys selected so far number k - need1, so no state is read: the first RI candidates per
+    // thread load together with the digit-2 histogram, one round trip.
+    let ncand = r1.z;
+    var outo = p.k - need1;
+    let cbase = row * p.row_len;
+    var ck: array<u32, RI>;
+    var cp: array<u32, RI>;
+    for (var q = 0u; q < RI; q++) {
+        let j = q * WG + lid;
+        if (j < ncand) {
+            let c = cand[cbase + j];
+            cp[q] = c.x;
+            ck[q] = c.y;
+        }
     }
     let r2 = find_bin_global(off2, need1, lid);
-    if (lid == 0u) {
-        fb = vec4<u32>(st, 0u, 0u);
-        atomicStore(&state[row * ST + S_COUNT], p.k);
-    }
-    let sv = workgroupUniformLoad(&fb);
-    let ncand = sv.x;
-    var outo = sv.y; // == k - need1
     // Every workgroup has read the digit-1 histogram.
     clear_global(row * HSTRIDE, BINS, lid);
     clear_global(off2, BINS, lid);
     let b2 = r2.x;
-    let nb = r2.z;
+    let nb = min(r2.z, ncand);
     let small = nb <= BCAP;
     // One walk over the candidates: keys above b2 are selected, the boundary set (keys in b2)
-    // is copied to workgroup memory when it fits.
-    // RI candidates per thread per step, their loads in flight together.
+    // is copied to workgroup memory when it fits. RI candidates per thread per step.
     var bn = 0u;
-    for (var i0 = 0u; i0 < ncand; i0 += WG * RI) {
-        var ck: array<u32, RI>;
-        var cp: array<u32, RI>;
-        for (var q = 0u; q < RI; q++) {
-            // Only real entries: clamped indices would pile atomic loads onto one address.
-            if (i0 + q * WG + lid < ncand) {
-                let c = 2u * (row * p.row_len + i0 + q * WG + lid);
-                cp[q] = atomicLoad(&cand[c]);
-                ck[q] = atomicLoad(&cand[c + 1u]);
-            }
-        }
+    var i0 = 0u;
+    loop {
         var tm = 0u;
         var km = 0u;
         for (var q = 0u; q < RI; q++) {
@@ -413,7 +412,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
                 put(row, o, ck[q], cp[q]);
                 o += 1u;
             }
-            if ((km & (1u << q)) != 0u) {
+            if ((km & (1u << q)) != 0u && ob < BCAP) {
                 bkey[ob] = ck[q];
                 bpos[ob] = cp[q];
                 ob += 1u;
@@ -421,6 +420,18 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
         outo += s.y & 0xffffu;
         bn += s.y >> 16u;
+        i0 += WG * RI;
+        if (i0 >= ncand) {
+            break;
+        }
+        for (var q = 0u; q < RI; q++) {
+            let j = i0 + q * WG + lid;
+            if (j < ncand) {
+                let c = cand[cbase + j];
+                cp[q] = c.x;
+                ck[q] = c.y;
+            }
+        }
     }
     workgroupBarrier();
     if (nb <= NB_RANK) {
@@ -448,7 +459,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     var tl = 0u;
     var f = 24u;
     var whole = need == nb;
-    while (!whole) {
+    while (!whole && f < 64u) {
         if (lid < 256u) {
             atomicStore(&lh8[lid], 0u);
         }
@@ -502,22 +513,34 @@ fn topk_rank(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         return;
     }
     let n = min(valid_len(row), min(p.k, KMAX)); // the list holds exactly min(k, valid) entries
-    let lbase = row * p.k * 2u;
-    for (var j = lid; j < n; j += RWG) {
-        rkey[j] = list[lbase + 2u * j];
-        rpos[j] = list[lbase + 2u * j + 1u];
+    let lbase = row * p.k;
+    // KMAX / RWG loads per thread, all in flight before the first store (a loop bounded by n
+    // issued them one round trip at a time).
+    var ent: array<vec2<u32>, KMAX / RWG>;
+    for (var i = 0u; i < KMAX / RWG; i++) {
+        let j = i * RWG + lid;
+        if (j < n) {
+            ent[i] = list[lbase + j];
+        }
+    }
+    for (var i = 0u; i < KMAX / RWG; i++) {
+        let j = i * RWG + lid;
+        if (j < n) {
+            rkey[j] = ent[i].x;
+            rpos[j] = ent[i].y;
+        }
     }
     workgroupBarrier();
     let slot = lid % RANK_E;
     let e = wg.x * RANK_E + slot;
     let seg = lid / RANK_E;
-    let per = (n + RANK_SEGS - 1u) / RANK_SEGS;
-    let j1 = min(seg * per + per, n);
     var cnt = 0u;
     if (e < n) {
         let ke = rkey[e];
         let pe = rpos[e];
-        for (var j = seg * per; j < j1; j++) {
+        // Segments interleaved (thread seg reads j = seg, seg + RANK_SEGS, ...): the segments
+        // of a 32-wide subgroup read neighbouring words, no bank conflicts.
+        for (var j = seg; j < n; j += RANK_SEGS) {
             let kj = rkey[j];
             cnt += select(0u, 1u, kj > ke || (kj == ke && rpos[j] < pe));
         }

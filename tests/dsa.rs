@@ -41,7 +41,25 @@ fn gpu_scores(g: &Gpu, keys: &PagedRows, heads: usize, q: &[f32], w: &[f32], t: 
 }
 
 /// Top-k on the GPU of `rows` rows of `row_len` (row r valid up to pos0 + r + 1).
+/// [`gpu_topk_with`] for both kernel forms (subgroup, where the adapter has subgroups, and
+/// portable): the same selection.
 fn gpu_topk(g: &Gpu, scores: &[f32], rows: usize, pos0: usize, row_len: usize, k: usize) -> (Vec<i32>, Vec<f32>) {
+    let a = gpu_topk_with(g, scores, rows, pos0, row_len, k, false);
+    if g.caps.subgroups {
+        let b = gpu_topk_with(g, scores, rows, pos0, row_len, k, true);
+        assert_eq!(a, b, "the portable top-k differs from the subgroup form");
+    }
+    a
+}
+
+fn gpu_topk_with(g: &Gpu, scores: &[f32], rows: usize, pos0: usize, row_len: usize, k: usize, portable: bool) -> (Vec<i32>, Vec<f32>) {
+    let was = dsa::set_topk_portable(portable);
+    let out = gpu_topk_run(g, scores, rows, pos0, row_len, k);
+    dsa::set_topk_portable(was);
+    out
+}
+
+fn gpu_topk_run(g: &Gpu, scores: &[f32], rows: usize, pos0: usize, row_len: usize, k: usize) -> (Vec<i32>, Vec<f32>) {
     let sb = g.storage_from("scores", scores);
     let scratch = TopkScratch::new(g, rows, row_len, k).expect("scratch");
     let sel = g.storage("sel", (rows * k * 4) as u64);

@@ -69,10 +69,21 @@ pub const INDEX_SCORES_COOP_F16: Kernel = Kernel::new("index_scores_coop_f16", "
     .with_constants(&[("QSPLIT", 0.0), ("EXACT", 0.0)])
     .coopmat()
     .subgroups();
-pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist");
-pub const TOPK_GATHER: Kernel = Kernel::new("topk_gather", "topk", "topk_gather");
-pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank");
-pub const TOPK_GATHER_SET: Kernel = Kernel::new("topk_gather_set", "topk", "topk_gather").with_constants(&[("ORDERED", 0.0)]);
+// The top-k kernels run without wgpu's runtime checks: rows are below n_rows (host-checked
+// against the scratch and the score buffer), positions below the valid length <= row_len <=
+// row_stride, selection slots below k, workgroup-memory indices bounded by construction (the
+// boundary copy also by BCAP), and the one data-dependent loop (the radix rounds) is bounded.
+pub const TOPK_HIST: Kernel = Kernel::new("topk_hist", "topk", "topk_hist").unchecked();
+pub const TOPK_GATHER: Kernel = Kernel::new("topk_gather", "topk", "topk_gather").unchecked();
+pub const TOPK_RANK: Kernel = Kernel::new("topk_rank", "topk", "topk_rank").unchecked();
+pub const TOPK_GATHER_SET: Kernel =
+    Kernel::new("topk_gather_set", "topk", "topk_gather").with_constants(&[("ORDERED", 0.0)]).unchecked();
+// The subgroup form (topk_sg.wgsl, same scratch and bindings): run wherever the adapter has
+// subgroups (see [`set_topk_portable`]).
+pub const TOPK_HIST_SG: Kernel = Kernel::new("topk_hist_sg", "topk_sg", "topk_hist").subgroups().unchecked();
+pub const TOPK_GATHER_SG: Kernel = Kernel::new("topk_gather_sg", "topk_sg", "topk_gather").subgroups().unchecked();
+pub const TOPK_GATHER_SET_SG: Kernel =
+    Kernel::new("topk_gather_set_sg", "topk_sg", "topk_gather").with_constants(&[("ORDERED", 0.0)]).subgroups().unchecked();
 /// Bench probe: an empty dispatch (launch and drain floor), see [`topk_probe`].
 pub const TOPK_NOOP: Kernel = Kernel::new("topk_noop", "topk", "topk_noop");
 // The decode-path MLA kernels run without wgpu's runtime checks (index clamping, forced loop
@@ -109,6 +120,9 @@ pub const KERNELS: &[Kernel] = &[
     TOPK_GATHER,
     TOPK_RANK,
     TOPK_GATHER_SET,
+    TOPK_HIST_SG,
+    TOPK_GATHER_SG,
+    TOPK_GATHER_SET_SG,
     TOPK_NOOP,
     MLA_ABSORB,
     MLA_ATTEND,
@@ -145,7 +159,7 @@ pub const MAX_PAGES: usize = 16;
 const TOPK_CHUNK: usize = 4096;
 /// Selection entries ranked per workgroup (topk.wgsl RANK_E).
 const TOPK_RANK_E: usize = 8;
-/// Global histogram words per row (topk.wgsl HSTRIDE: 4096 + 4096 bins).
+/// Global histogram words per row (topk.wgsl / topk_sg.wgsl HSTRIDE: 4096 + 4096 bins).
 const TOPK_HSTRIDE: usize = 8192;
 /// Pages stop doubling at this size: very large buffers gained nothing and the first
 /// H200 run slowed down past 1 GiB pages.
@@ -591,7 +605,8 @@ impl TopkScratch {
 
 /// Top-k of `n_rows` score rows (stride `row_stride`), row r valid on
 /// `[0, min(pos0 + r + 1, row_len))`. Writes sel [n_rows, k] i32 (score desc, position asc,
-/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, three dispatches (topk.wgsl).
+/// -1 padded) and sel_score [n_rows, k] f32. One labelled pass, three dispatches (topk_sg.wgsl
+/// where the adapter has subgroups, else topk.wgsl).
 #[allow(clippy::too_many_arguments)]
 pub fn topk(
     gpu: &Gpu,
@@ -671,10 +686,17 @@ fn topk_impl(
     check_groups(gpu, "topk", [chunks, ry, rz])?;
     let (sc, st, cand, list) = (&scratch.hist, &scratch.state, &scratch.cand, &scratch.list);
     // Each entry point binds only what it uses (automatic layouts).
-    let gather = if ordered { TOPK_GATHER } else { TOPK_GATHER_SET };
+    let sg = gpu.caps.subgroups && !TOPK_PORTABLE.load(std::sync::atomic::Ordering::Relaxed);
+    let (hist, gather) = match (sg, ordered) {
+        (true, true) => (TOPK_HIST_SG, TOPK_GATHER_SG),
+        (true, false) => (TOPK_HIST_SG, TOPK_GATHER_SET_SG),
+        (false, true) => (TOPK_HIST, TOPK_GATHER),
+        (false, false) => (TOPK_HIST, TOPK_GATHER_SET),
+    };
     let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 3] = [
-        (TOPK_HIST, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
-        (gather, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score)], chunks),
+        (hist, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
+        // Bindings 2 and 8 are the same buffer, atomic and plain (topk.wgsl `histp`).
+        (gather, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score), (8, sc)], chunks),
         (TOPK_RANK, vec![(0, &u), (5, list), (6, sel), (7, sel_score)], ranks),
     ];
     let mut prepared = Vec::with_capacity(steps.len());
@@ -706,6 +728,13 @@ fn topk_impl(
 }
 
 static TOPK_SPLIT_PASSES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static TOPK_PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Tests and bench: run the portable top-k kernels (topk.wgsl, no subgroups) even where the
+/// adapter has subgroups. Returns the previous setting.
+pub fn set_topk_portable(on: bool) -> bool {
+    TOPK_PORTABLE.swap(on, std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Bench diagnostic: record each top-k dispatch in its own labelled pass (per-dispatch times
 /// in a profile; adds a pass boundary per dispatch). Returns the previous setting.
