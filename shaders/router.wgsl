@@ -108,25 +108,11 @@ fn router_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
         return;
     }
     let n = p.experts;
-    // Every logit and bias loaded before any is used (a strided loop waited for each load in
-    // turn).
-    var lg: array<f32, MAX_E / WG>;
-    var bs: array<f32, MAX_E / WG>;
-    for (var j = 0u; j < MAX_E / WG; j++) {
-        let i = lid + j * WG;
-        if (i < n) {
-            lg[j] = logits[t * n + i];
-            bs[j] = bias[i];
-        }
-    }
-    for (var j = 0u; j < MAX_E / WG; j++) {
-        let i = lid + j * WG;
-        if (i < n) {
-            let s = sigmoid(lg[j]);
-            score[i] = s;
-            key[i] = s + bs[j];
-            taken[i] = 0u;
-        }
+    for (var i = lid; i < n; i += WG) {
+        let s = sigmoid(logits[t * n + i]);
+        score[i] = s;
+        key[i] = s + bias[i];
+        taken[i] = 0u;
     }
     workgroupBarrier();
     if (p.n_group > 1u && p.topk_group < p.n_group) {
