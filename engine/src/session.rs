@@ -189,11 +189,12 @@ impl Session {
             match s {
                 LayerState::Kda(k) => {
                     kda_pos.push((l, k.pos as usize));
-                    parts.push(Part::gpu(format!("layers.{l}.kda.state"), safetensors::Dtype::F32, k.state.size() as usize, || {
-                        gpu.read_bytes(&k.state, 0, k.state.size())
+                    let (state, ring) = k.byte_lens();
+                    parts.push(Part::gpu(format!("layers.{l}.kda.state"), safetensors::Dtype::F32, state, move || {
+                        gpu.read_bytes(&k.state, 0, state as u64)
                     }));
-                    parts.push(Part::gpu(format!("layers.{l}.kda.conv"), safetensors::Dtype::F32, k.ring.size() as usize, || {
-                        gpu.read_bytes(&k.ring, 0, k.ring.size())
+                    parts.push(Part::gpu(format!("layers.{l}.kda.conv"), safetensors::Dtype::F32, ring, move || {
+                        gpu.read_bytes(&k.ring, 0, ring as u64)
                     }));
                 }
                 LayerState::Global(c) => {

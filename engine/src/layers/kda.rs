@@ -88,6 +88,12 @@ impl KdaState {
         (self.geom.heads * k * k, self.geom.taps * 3 * self.geom.proj())
     }
 
+    /// Bytes of the state and of the window (the buffers may be padded past them).
+    pub(crate) fn byte_lens(&self) -> (usize, usize) {
+        let (ns, nr) = self.lens();
+        (ns * 4, nr * 4)
+    }
+
     pub fn snapshot(&self, gpu: &Gpu) -> Result<KdaSnapshot, GpuError> {
         let (ns, nr) = self.lens();
         Ok(KdaSnapshot { state: gpu.read(&self.state, ns)?, ring: gpu.read(&self.ring, nr)?, pos: self.pos })
