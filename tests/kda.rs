@@ -441,21 +441,28 @@ fn golden_core_prefill_and_decode() {
     }
 }
 
-/// The subgroup prep kernel and the shared-memory one give the same recurrence inputs (the
+/// Every prep kernel the adapter runs gives the shared-memory one's recurrence inputs (the
 /// other tests run whichever the adapter picks), with the conv window from a previous call.
 #[test]
 fn prep_variants_agree() {
     let Some(gpu) = support::gpu() else { return };
-    if !gpu.caps.subgroups {
-        eprintln!("no subgroups: only the shared-memory prep exists here");
-        return;
-    }
-    for (seed, t, h, k, gate) in [(400, 37, 3, 48, BOUNDED), (401, 9, 2, 256, KdaGate::Softplus), (402, 70, 5, 16, BOUNDED)] {
+    let mut checked = 0;
+    // Head dims 16 and 32 take the run kernel where subgroups are 8 wide (lavapipe), 128
+    // where they are 32; T = 150 spans runs of 64 and a ragged one.
+    for (seed, t, h, k, gate) in [
+        (400, 37, 3, 48, BOUNDED),
+        (401, 9, 2, 256, KdaGate::Softplus),
+        (402, 70, 5, 16, BOUNDED),
+        (403, 150, 3, 32, KdaGate::Softplus),
+        (404, 131, 2, 128, BOUNDED),
+    ] {
         let core = random_core(seed, t, h, k, gate, false);
         let g = &core.geom;
         let p = g.proj();
+        let kinds: Vec<kda::PrepKernel> = kda::PrepKernel::ALL.into_iter().filter(|kind| kind.supported(&gpu, g)).collect();
+        checked += kinds.len() - 1;
         let mut outs = Vec::new();
-        for sg in [false, true] {
+        for &sg in &kinds {
             let ring = gpu.storage_from("ring", &scaled(seed + 9, g.taps * 3 * p, 1.0));
             let pre = Prepped::new(&gpu, g, t);
             core.with_rows(&gpu, 0, t, |inp| {
@@ -467,11 +474,14 @@ fn prep_variants_agree() {
             let read = |b: &k31_engine::wgpu::Buffer, n: usize| gpu.read::<f32>(b, n).expect("read");
             outs.push([read(&pre.q, n), read(&pre.k, n), read(&pre.v, n), read(&pre.g, n), read(&pre.beta, t * h), read(&ring, g.taps * 3 * p)]);
         }
-        for (i, name) in ["q", "k", "v", "g", "beta", "ring"].iter().enumerate() {
-            let e = rel_l2(&outs[1][i], &outs[0][i]);
-            assert!(e < 1e-6, "prep {name} (T={t} H={h} K={k}): subgroup vs shared memory {e:.2e}");
+        for (kind, out) in kinds.iter().zip(&outs).skip(1) {
+            for (i, name) in ["q", "k", "v", "g", "beta", "ring"].iter().enumerate() {
+                let e = rel_l2(&out[i], &outs[0][i]);
+                assert!(e < 1e-6, "prep {name} (T={t} H={h} K={k}): {kind:?} vs shared memory {e:.2e}");
+            }
         }
     }
+    eprintln!("{checked} prep kernel runs checked against the shared-memory one");
 }
 
 #[test]

@@ -38,8 +38,11 @@ fn silu(z: f32) -> f32 {
 
 // Log decay of one (head, key channel) from the raw gate input.
 fn gate(h: u32, c: u32, f: f32) -> f32 {
-    let a = exp(a_log[h]);
-    let z = f + dt_bias[h * p.dk + c];
+    return log_decay(exp(a_log[h]), f + dt_bias[h * p.dk + c]);
+}
+
+// The log decay from a = exp(A_log[h]) and z = f + dt_bias.
+fn log_decay(a: f32, z: f32) -> f32 {
     if (p.gate_kind == 0u) {
         return p.lower_bound * sigmoid(a * z);
     }

@@ -23,6 +23,49 @@ pub const KDA_PREP: Kernel = Kernel::new("kda_prep", "kda", "kda_prep");
 pub const KDA_PREP_SG: Kernel = Kernel::new("kda_prep_sg", "kda_sg", "kda_prep_sg").subgroups();
 /// (token, head) rows per kda_prep_sg workgroup (ROWS in kda_sg.wgsl).
 const PREP_SG_ROWS: usize = 8;
+/// kda_prep along token runs (kda_sg.wgsl): a subgroup per (q/k/v, head, run of tokens) keeps
+/// its channels' conv weights and window in registers.
+pub const KDA_PREP_RUN: Kernel = Kernel::new("kda_prep_run", "kda_sg", "kda_prep_run").subgroups();
+/// Tokens per kda_prep_run subgroup (RUN in kda_sg.wgsl) and its workgroup size.
+const PREP_RUN_TOKENS: usize = 64;
+const PREP_RUN_WG: usize = 256;
+
+/// The prefill prep kernels: `Shared` (every adapter, kda.wgsl), `Subgroup` (a subgroup per
+/// (token, head) row), `Run` (a subgroup per run of tokens of one head and one of q, k, v).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrepKernel {
+    Shared,
+    Subgroup,
+    Run,
+}
+
+impl PrepKernel {
+    pub const ALL: [PrepKernel; 3] = [PrepKernel::Shared, PrepKernel::Subgroup, PrepKernel::Run];
+
+    /// Whether the adapter runs this kernel for layers of `geom`.
+    pub fn supported(self, gpu: &Gpu, geom: &KdaGeom) -> bool {
+        let caps = &gpu.caps;
+        match self {
+            PrepKernel::Shared => true,
+            PrepKernel::Subgroup => caps.subgroups,
+            PrepKernel::Run => {
+                let sgs = caps.subgroup_min as usize;
+                caps.subgroups
+                    && caps.subgroup_min == caps.subgroup_max
+                    && sgs > 0
+                    && PREP_RUN_WG.is_multiple_of(sgs)
+                    && geom.taps <= 4
+                    && geom.head_dim.is_multiple_of(sgs)
+                    && geom.head_dim / sgs <= 4
+            }
+        }
+    }
+
+    /// The fastest supported kernel.
+    pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> PrepKernel {
+        [PrepKernel::Run, PrepKernel::Subgroup].into_iter().find(|k| k.supported(gpu, geom)).unwrap_or(PrepKernel::Shared)
+    }
+}
 pub const KDA_CONV_SAVE: Kernel = Kernel::new("kda_conv_save", "kda", "kda_conv_save");
 /// Every index of the decode kernel is within the host-checked extents (`decode` checks
 /// all bindings), so it runs without wgpu's bounds checks.
@@ -64,6 +107,7 @@ pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_
 pub const KERNELS: &[Kernel] = &[
     KDA_PREP,
     KDA_PREP_SG,
+    KDA_PREP_RUN,
     KDA_CONV_SAVE,
     KDA_DECODE,
     KDA_DECODE_C16,
@@ -437,7 +481,7 @@ fn dispatch(
 
 /// Prefill preprocessing of `t_len` tokens starting at absolute position `pos`: conv + SiLU
 /// (window from `ring`), l2 norm, scale, gate, beta into `out`; then the ring is advanced.
-/// Uses the subgroup kernel where the adapter has subgroups.
+/// Uses the fastest prep kernel the adapter runs ([`PrepKernel::default_for`]).
 #[allow(clippy::too_many_arguments)]
 pub fn prep(
     gpu: &Gpu,
@@ -450,15 +494,15 @@ pub fn prep(
     out: &Prepped,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    prep_with(gpu, enc, gpu.caps.subgroups, geom, t_len, pos, inp, ring, out, profiler)
+    prep_with(gpu, enc, PrepKernel::default_for(gpu, geom), geom, t_len, pos, inp, ring, out, profiler)
 }
 
-/// [`prep`] through the subgroup kernel (`subgroups`) or the shared-memory one.
+/// [`prep`] through a chosen kernel.
 #[allow(clippy::too_many_arguments)]
 pub fn prep_with(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
-    subgroups: bool,
+    kernel: PrepKernel,
     geom: &KdaGeom,
     t_len: usize,
     pos: u64,
@@ -486,11 +530,18 @@ pub fn prep_with(
         (13, &out.g),
         (14, &out.beta),
     ];
+    if !kernel.supported(gpu, geom) {
+        return Err(GpuError::Shape(format!("kda prep: the {kernel:?} kernel does not run here for head dim {}", geom.head_dim)));
+    }
     let rows = t_len * geom.heads;
-    if subgroups {
-        dispatch(gpu, enc, &KDA_PREP_SG, &uniform, &bufs, rows.div_ceil(PREP_SG_ROWS), profiler.as_deref_mut())?;
-    } else {
-        dispatch(gpu, enc, &KDA_PREP, &uniform, &bufs, rows, profiler.as_deref_mut())?;
+    match kernel {
+        PrepKernel::Run => {
+            let units = 3 * geom.heads * t_len.div_ceil(PREP_RUN_TOKENS);
+            let per_group = PREP_RUN_WG / gpu.caps.subgroup_min as usize;
+            dispatch(gpu, enc, &KDA_PREP_RUN, &uniform, &bufs, units.div_ceil(per_group), profiler.as_deref_mut())?;
+        }
+        PrepKernel::Subgroup => dispatch(gpu, enc, &KDA_PREP_SG, &uniform, &bufs, rows.div_ceil(PREP_SG_ROWS), profiler.as_deref_mut())?,
+        PrepKernel::Shared => dispatch(gpu, enc, &KDA_PREP, &uniform, &bufs, rows, profiler.as_deref_mut())?,
     }
     let keep = t_len.min(geom.taps) * 3 * geom.proj();
     dispatch(gpu, enc, &KDA_CONV_SAVE, &uniform, &[(1, inp.qkv), (7, ring)], keep.div_ceil(256), profiler)
