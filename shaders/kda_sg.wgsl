@@ -56,14 +56,13 @@ fn kda_prep_sg(
     }
 }
 
-// Prefill prep along token runs: one subgroup per (part, head, run of RUN tokens), part 0 = q,
+// Prefill prep along token runs: one subgroup per (part, head, run of p.run tokens), part 0 = q,
 // 1 = k, 2 = v (plus the gate and beta). Lane l owns channels l + sgs i (i < dk / sgs <= 4) and
 // keeps their conv weights and the last three inputs in registers, so each input is loaded
 // once, not once per tap, and the weights once per run, not per token (kda_prep_sg re-reads
 // both for every (token, head) row). The next token's inputs load before the current one is
-// computed. Preconditions (host-checked): taps <= 4, dk % sgs == 0, dk / sgs <= 4, a fixed
-// subgroup size.
-const RUN: u32 = 64u;
+// computed. Runs are p.run tokens (the host shortens them for short prompts). Preconditions
+// (host-checked): taps <= 4, dk % sgs == 0, dk / sgs <= 4, a fixed subgroup size, run >= 1.
 
 @compute @workgroup_size(256)
 fn kda_prep_run(
@@ -75,14 +74,14 @@ fn kda_prep_run(
     @builtin(num_subgroups) nsg: u32,
 ) {
     let unit = (wg.x + wg.y * nwg.x) * nsg + sg;
-    let runs = (p.t_len + RUN - 1u) / RUN;
+    let runs = (p.t_len + p.run - 1u) / p.run;
     if (unit >= 3u * p.heads * runs) {
         return;
     }
     let part = unit % 3u;
     let h = (unit / 3u) % p.heads;
-    let t0 = (unit / (3u * p.heads)) * RUN;
-    let t1 = min(t0 + RUN, p.t_len);
+    let t0 = (unit / (3u * p.heads)) * p.run;
+    let t1 = min(t0 + p.run, p.t_len);
     let cpl = p.dk / sgs;
     let pd = p.heads * p.dk;
     let n3 = 3u * pd;

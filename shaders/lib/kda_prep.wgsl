@@ -12,7 +12,7 @@ struct KdaParams {
     scale: f32,     // K^-1/2 on q
     eps: f32,       // RMSNorm eps of the output norm
     post_conv: u32, // 1: qkv already holds post-conv, post-SiLU values (tests, goldens)
-    _pad1: u32,
+    run: u32,       // kda_prep_run: tokens per subgroup
     _pad2: u32,
 }
 

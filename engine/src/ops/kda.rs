@@ -9,7 +9,7 @@ shader_params!(
     /// Mirrors `KdaParams` in shaders/kda.wgsl.
     KdaParams in "kda" {
         t_len: u32, heads: u32, dk: u32, taps: u32, pos: u32, gate_kind: u32,
-        lower_bound: f32, scale: f32, eps: f32, post_conv: u32, _pad1: u32, _pad2: u32,
+        lower_bound: f32, scale: f32, eps: f32, post_conv: u32, run: u32, _pad2: u32,
     }
 );
 
@@ -26,9 +26,17 @@ const PREP_SG_ROWS: usize = 8;
 /// kda_prep along token runs (kda_sg.wgsl): a subgroup per (q/k/v, head, run of tokens) keeps
 /// its channels' conv weights and window in registers.
 pub const KDA_PREP_RUN: Kernel = Kernel::new("kda_prep_run", "kda_sg", "kda_prep_run").subgroups();
-/// Tokens per kda_prep_run subgroup (RUN in kda_sg.wgsl) and its workgroup size.
-const PREP_RUN_TOKENS: usize = 64;
+/// kda_prep_run's workgroup size.
 const PREP_RUN_WG: usize = 256;
+
+/// Tokens per kda_prep_run subgroup: 64 where that still leaves ~16K subgroups (T = 8192 at
+/// K3.1's 96 heads, measured), shorter runs for shorter prompts so the GPU stays full (a
+/// 512-token chunk ran 7 % slower than kda_prep_sg with runs of 64: 288 workgroups); 8 at
+/// the least.
+fn prep_run_tokens(t_len: usize, heads: usize) -> usize {
+    let per_unit = (3 * heads * t_len / 16384).clamp(8, 64);
+    1 << per_unit.ilog2()
+}
 
 /// The prefill prep kernels: `Shared` (every adapter, kda.wgsl), `Subgroup` (a subgroup per
 /// (token, head) row), `Run` (a subgroup per run of tokens of one head and one of q, k, v).
@@ -515,7 +523,8 @@ pub fn prep_with(
     if out.t_len < t_len {
         return Err(GpuError::Shape(format!("kda prep: outputs hold {} tokens, need {t_len}", out.t_len)));
     }
-    let uniform = gpu.uniform("kda params", &geom.params(t_len, pos));
+    let run = prep_run_tokens(t_len, geom.heads);
+    let uniform = gpu.uniform("kda params", &KdaParams { run: run as u32, ..geom.params(t_len, pos) });
     let bufs = [
         (1, inp.qkv),
         (2, inp.f),
@@ -536,7 +545,7 @@ pub fn prep_with(
     let rows = t_len * geom.heads;
     match kernel {
         PrepKernel::Run => {
-            let units = 3 * geom.heads * t_len.div_ceil(PREP_RUN_TOKENS);
+            let units = 3 * geom.heads * t_len.div_ceil(run);
             let per_group = PREP_RUN_WG / gpu.caps.subgroup_min as usize;
             dispatch(gpu, enc, &KDA_PREP_RUN, &uniform, &bufs, units.div_ceil(per_group), profiler.as_deref_mut())?;
         }
