@@ -79,6 +79,7 @@ const RMAX: u32 = 1024u; // regions (workgroups) per row: WG, one count per thre
 // state words per row
 const ST: u32 = 16u;
 const S_DONE2: u32 = 1u;
+const S_CCOUNT: u32 = 3u; // entries listed (compact list; the refine resets it)
 
 @group(0) @binding(0) var<uniform> p: TopkParams;
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
@@ -104,7 +105,8 @@ var<workgroup> bkey: array<u32, BCAP>;
 var<workgroup> bpos: array<u32, BCAP>;
 var<workgroup> ovf: atomic<u32>; // the refine: some region holds more than its speculative slice
 var<workgroup> rpre: array<u32, RMAX>; // the refine: exclusive prefix of the region counts
-var<workgroup> rtot: u32;
+var<workgroup> rn: array<u32, RMAX>; // the refine: the region counts
+var<workgroup> lbase: u32; // topk_gather: the workgroup's first slot in the compact list
 
 // Exclusive prefix sum of v over the workgroup in the order (subgroup id, lane) = sg_vi:
 // (exclusive prefix, total). Uniform control flow, full subgroups. Subgroup scans, one total
@@ -326,9 +328,12 @@ fn entry_at(row: u32, e: u32, nreg: u32) -> vec2<u32> {
 }
 
 // Boundary element j: (key, position) from workgroup memory, or from the candidate regions.
-fn boundary(row: u32, j: u32, small: bool, nreg: u32) -> vec2<u32> {
+fn boundary(row: u32, j: u32, small: bool, compact: bool, nreg: u32) -> vec2<u32> {
     if (small) {
         return vec2<u32>(bkey[j], bpos[j]);
+    }
+    if (compact) {
+        return cand[row * p.row_len + j].yx;
     }
     return entry_at(row, j, nreg).yx;
 }
@@ -411,6 +416,11 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let nreg = nwg.x;
     let coff = p.cnt_off + row * nreg; // the row's region counts
     let cbase = row * p.row_len;
+    // Every workgroup knows how many keys are at or above b1 in all (k - need1 above, bin b1's
+    // count in it). Up to one walk step of them: each workgroup writes its own into its region
+    // (no global reservation). More (long rows): into one compact list, slots reserved.
+    let total = p.k - r1.y + r1.z;
+    let compact = total > WG * RI;
     var emask = 0u;
     let off2 = off + BINS;
     for (var i = 0u; i < ITEMS; i++) {
@@ -424,80 +434,118 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
             }
         }
     }
-    // Keys at or above b1 into this workgroup's own region (slots within the workgroup: no
-    // global reservation), then the region's count.
-    var oc = cbase + base + slots(countOneBits(emask), 0u);
+    var oc = slots(countOneBits(emask), 0u);
+    if (compact) {
+        workgroupBarrier();
+        if (lid == 0u) {
+            lbase = atomicAdd(&state[row * ST + S_CCOUNT], atomicLoad(&wcnt[0]));
+        }
+        oc += cbase + workgroupUniformLoad(&lbase);
+    } else {
+        oc += cbase + base;
+    }
     for (var i = 0u; i < ITEMS; i++) {
         if ((emask & (1u << i)) != 0u) {
             cand[oc] = vec2<u32>(base + i * WG + lid, keys[i]);
             oc += 1u;
         }
     }
-    workgroupBarrier();
-    if (lid == 0u) {
-        histp[coff + wg.x] = atomicLoad(&wcnt[0]);
+    if (!compact) {
+        workgroupBarrier();
+        if (lid == 0u) {
+            histp[coff + wg.x] = atomicLoad(&wcnt[0]);
+        }
     }
     let u = arrive(row * ST + S_DONE2, nwg.x, lid, 0u, 0u);
     if (u.x + 1u != nwg.x) {
         return;
     }
     // The refine, in the last workgroup alone. b1, need1 and the candidate count (bin b1's) are
-    // this workgroup's own r1. One round trip: the digit-2 histogram, every region's count and
-    // the first S entries of every region (speculatively: entries past a region's count are
-    // dropped), in flight together.
+    // this workgroup's own r1. One round trip: the digit-2 histogram and the first walk step's
+    // entries (regions: every region's count and its first sl entries, speculatively, the
+    // entries past a region's count dropped), in flight together.
     let need1 = r1.y;
     let ncand = r1.z;
-    let sl = min(CHUNK, max(1u, (WG * RI) / nreg));
+    // Slice per region: 1.5x the mean and 32 more, at most a walk step's share.
+    let mean = total / nreg;
+    let sl = min(min(CHUNK, max(1u, (WG * RI) / nreg)), mean + mean / 2u + 32u);
     var ck: array<u32, RI>;
     var cp: array<u32, RI>;
-    var nq: array<u32, RI>;
-    var jq: array<u32, RI>;
+    var vm = 0u;
     for (var q = 0u; q < RI; q++) {
         let f = q * WG + lid;
-        let w = f / sl;
-        jq[q] = f - w * sl;
-        nq[q] = 0u;
-        if (w < nreg) {
-            nq[q] = histp[coff + w];
-            let c = cand[cbase + min(w * CHUNK + jq[q], p.row_len - 1u)];
-            cp[q] = c.x;
-            ck[q] = c.y;
+        if (compact) {
+            if (f < total) {
+                let c = cand[cbase + f];
+                cp[q] = c.x;
+                ck[q] = c.y;
+                vm |= 1u << q;
+            }
+        } else {
+            let w = f / sl;
+            if (w < nreg) {
+                let c = cand[cbase + min(w * CHUNK + f - w * sl, p.row_len - 1u)];
+                cp[q] = c.x;
+                ck[q] = c.y;
+            }
         }
     }
-    var nown = 0u;
-    if (lid < nreg) {
-        nown = histp[coff + lid];
-        if (nown > sl) {
+    if (!compact && lid < nreg) {
+        let n = histp[coff + lid];
+        rn[lid] = n;
+        if (n > sl) {
             atomicOr(&ovf, 1u);
         }
     }
     let r2 = find_bin_global(off2, need1, lid);
     // Every workgroup has read the digit-1 histogram, every thread here the digit-2 one.
     clear_global(off, HSTRIDE, lid);
+    if (compact && lid == 0u) {
+        atomicStore(&state[row * ST + S_CCOUNT], 0u);
+    }
     let b2 = r2.x;
     let nb = min(r2.z, ncand);
     let small = nb <= BCAP;
-    var vm = 0u;
-    for (var q = 0u; q < RI; q++) {
-        if (jq[q] < nq[q]) {
-            vm |= 1u << q;
+    if (!compact) {
+        // The region counts came with find_bin_global's barriers.
+        for (var q = 0u; q < RI; q++) {
+            let f = q * WG + lid;
+            let w = f / sl;
+            if (w < nreg && f - w * sl < rn[w]) {
+                vm |= 1u << q;
+            }
         }
     }
     walk_step(row, ck, cp, vm, b1, b2, small);
+    if (compact) {
+        for (var e0 = WG * RI; e0 < total; e0 += WG * RI) {
+            vm = 0u;
+            for (var q = 0u; q < RI; q++) {
+                let e = e0 + q * WG + lid;
+                if (e < total) {
+                    let c = cand[cbase + e];
+                    cp[q] = c.x;
+                    ck[q] = c.y;
+                    vm |= 1u << q;
+                }
+            }
+            walk_step(row, ck, cp, vm, b1, b2, small);
+        }
+    }
     // Regions past their slice, or a boundary set radix-selected from the regions: the
     // regions' concatenation through the prefix of their counts.
-    var total = 0u;
-    if (r2.w != 0u || !small) {
-        let sc2 = wg_scan(lid, nown);
+    if (!compact && (r2.w != 0u || !small)) {
+        var n = 0u;
+        if (lid < nreg) {
+            n = rn[lid];
+        }
+        let sc2 = wg_scan(lid, n);
         if (lid < nreg) {
             rpre[lid] = sc2.x;
         }
-        if (lid == 0u) {
-            rtot = sc2.y;
-        }
-        total = workgroupUniformLoad(&rtot);
+        workgroupBarrier();
     }
-    if (r2.w != 0u) {
+    if (!compact && r2.w != 0u) {
         for (var e0 = 0u; e0 < total; e0 += WG * RI) {
             vm = 0u;
             for (var q = 0u; q < RI; q++) {
@@ -550,7 +598,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
         workgroupBarrier();
         for (var j = lid; j < n; j += WG) {
-            let e = boundary(row, j, nbu <= BCAP, nreg);
+            let e = boundary(row, j, nbu <= BCAP, compact, nreg);
             let lo = ~e.y;
             if (prefix_ok(e.x, lo, f, tk, tl)) {
                 atomicAdd(&lh8[digit_of(e.x, lo, f)], 1u);
@@ -575,7 +623,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         var take = 0u;
         var e = vec2<u32>(0u, 0u);
         if (j < n) {
-            e = boundary(row, j, nbu <= BCAP, nreg);
+            e = boundary(row, j, nbu <= BCAP, compact, nreg);
             let lo = ~e.y;
             take = select(0u, 1u, (e.x >> 8u) == pre && (e.x > tk || (e.x == tk && lo >= tl)));
         }
