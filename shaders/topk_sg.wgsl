@@ -214,11 +214,23 @@ fn slots(v: u32, ctr: u32) -> u32 {
 // workgroup-uniform. Bins in subgroup order (sg_vi): one round trip, a subgroup scan, four
 // barriers.
 fn find_bin_global(off: u32, need: u32, lid: u32) -> vec4<u32> {
-    let per = PER;
+    return find_bin_of(hist_load(off), need, lid);
+}
+
+// This thread's PER bins of find_bin_global, highest first.
+fn hist_load(off: u32) -> array<u32, PER> {
     var h: array<u32, PER>;
+    for (var i = 0u; i < PER; i++) {
+        h[i] = histp[off + BINS - 1u - PER * sg_vi - i];
+    }
+    return h;
+}
+
+// find_bin_global on the bins loaded by hist_load.
+fn find_bin_of(h: array<u32, PER>, need: u32, lid: u32) -> vec4<u32> {
+    let per = PER;
     var s = 0u;
     for (var i = 0u; i < per; i++) {
-        h[i] = histp[off + BINS - 1u - per * sg_vi - i];
         s += h[i];
     }
     let sc = wg_scan(lid, s);
@@ -466,15 +478,24 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     // entries past a region's count dropped), in flight together.
     let need1 = r1.y;
     let ncand = r1.z;
-    // Slice per region: 1.5x the mean and 32 more, at most a walk step's share.
+    // Regions: tpr threads per region (nreg <= WG), RI entries each, at most 1.5x the mean
+    // and 32 more (the slice sl); no division per entry.
     let mean = total / nreg;
-    let sl = min(min(CHUNK, max(1u, (WG * RI) / nreg)), mean + mean / 2u + 32u);
+    let tpr = WG / nreg;
+    let w0 = lid / tpr;
+    let t0 = lid - w0 * tpr;
+    let sl = min(min(CHUNK, tpr * RI), mean + mean / 2u + 32u);
     var ck: array<u32, RI>;
     var cp: array<u32, RI>;
     var vm = 0u;
+    var nown = 0u;
+    if (!compact && lid < nreg) {
+        nown = histp[coff + lid];
+    }
+    let h2 = hist_load(off2);
     for (var q = 0u; q < RI; q++) {
-        let f = q * WG + lid;
         if (compact) {
+            let f = q * WG + lid;
             if (f < total) {
                 let c = cand[cbase + f];
                 cp[q] = c.x;
@@ -482,22 +503,23 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
                 vm |= 1u << q;
             }
         } else {
-            let w = f / sl;
-            if (w < nreg) {
-                let c = cand[cbase + min(w * CHUNK + f - w * sl, p.row_len - 1u)];
+            let j = q * tpr + t0;
+            if (w0 < nreg && j < sl) {
+                let c = cand[cbase + min(w0 * CHUNK + j, p.row_len - 1u)];
                 cp[q] = c.x;
                 ck[q] = c.y;
             }
         }
     }
+    // Every load is in flight: now the counts to workgroup memory (find_bin_of's barriers
+    // publish them).
     if (!compact && lid < nreg) {
-        let n = histp[coff + lid];
-        rn[lid] = n;
-        if (n > sl) {
+        rn[lid] = nown;
+        if (nown > sl) {
             atomicOr(&ovf, 1u);
         }
     }
-    let r2 = find_bin_global(off2, need1, lid);
+    let r2 = find_bin_of(h2, need1, lid);
     // Every workgroup has read the digit-1 histogram, every thread here the digit-2 one.
     clear_global(off, HSTRIDE, lid);
     if (compact && lid == 0u) {
@@ -506,12 +528,11 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let b2 = r2.x;
     let nb = min(r2.z, ncand);
     let small = nb <= BCAP;
-    if (!compact) {
-        // The region counts came with find_bin_global's barriers.
+    if (!compact && w0 < nreg) {
+        let n = rn[w0];
         for (var q = 0u; q < RI; q++) {
-            let f = q * WG + lid;
-            let w = f / sl;
-            if (w < nreg && f - w * sl < rn[w]) {
+            let j = q * tpr + t0;
+            if (j < min(n, sl)) {
                 vm |= 1u << q;
             }
         }
@@ -535,11 +556,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     // Regions past their slice, or a boundary set radix-selected from the regions: the
     // regions' concatenation through the prefix of their counts.
     if (!compact && (r2.w != 0u || !small)) {
-        var n = 0u;
-        if (lid < nreg) {
-            n = rn[lid];
-        }
-        let sc2 = wg_scan(lid, n);
+        let sc2 = wg_scan(lid, nown);
         if (lid < nreg) {
             rpre[lid] = sc2.x;
         }
