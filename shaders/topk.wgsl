@@ -41,7 +41,7 @@ struct TopkParams {
     k: u32,
     pos0: u32,
     row_len: u32,
-    cnt_off: u32, // topk_sg.wgsl: where the region counts start in hist (after every row's histograms)
+    _p0: u32,
     _p1: u32,
     _p2: u32,
 }

@@ -11,19 +11,13 @@
 //                 key bits and adds it into the row's global histogram. Nothing else: no done
 //                 counter, no last-workgroup step.
 //   topk_gather   every workgroup finds from that histogram the bin b1 of the k-th key and
-//                 need1 (keys still taken from b1); its keys at or above b1 are written as
-//                 (position, key) into its own region of the candidate list (region w starts
-//                 at w * CHUNK: no global slot reservation) and their count into the row's
-//                 region counts; keys in b1 (the candidates) are also histogrammed on key bits
-//                 8..19 in global atomics. The LAST workgroup to finish (a done counter)
-//                 refines alone: bin b2 of that histogram (need2 keys still needed), one walk
-//                 over the regions (keys above b1 or above b2 in b1 selected, keys in b2 - the
+//                 need1 (keys still taken from b1); keys above b1 go straight to the selection,
+//                 keys in b1 (the candidates) are listed as (position, key) and histogrammed on
+//                 key bits 8..19 in global atomics. The LAST workgroup to finish (a done
+//                 counter) refines alone: bin b2 of that histogram (need2 keys still needed),
+//                 one walk over the candidate list (keys above b2 selected, keys in b2 - the
 //                 boundary set, a handful unless scores tie - copied to workgroup memory; slots
-//                 from subgroup sums and one workgroup atomic per subgroup, no barrier). The
-//                 walk's first step loads the first S = WG * RI / regions entries of every
-//                 region speculatively, with the counts and the digit-2 histogram (one round
-//                 trip); regions holding more (skewed rows, ties) are walked again through a
-//                 prefix of the counts. Then
+//                 from subgroup sums and one workgroup atomic per subgroup, no barrier), then
 //                 the need2 largest composites of the boundary set: ranked directly when it has
 //                 at most NB_RANK keys, else radix-selected in workgroup memory (8-bit digits:
 //                 key bits 0..7, then ~position byte by byte, stopping as soon as a bin is taken
@@ -37,12 +31,9 @@
 // together, the refine's candidates and histogram load together, no state reads.
 // No workgroup ever waits for another (no spin locks), so it is correct on any adapter
 // whatever the scheduling. A boundary set larger than BCAP (massive ties) is radix-selected
-// straight from the global candidate regions (slower, same result). Needs full subgroups (bins
-// are assigned in subgroup order, sg_vi) of at least 4 lanes, and at most RMAX regions (rows of
-// up to 4M positions; the host runs topk.wgsl beyond).
-// Scratch (host): hist [rows, HSTRIDE] then, from p.cnt_off, the region counts [n_rows,
-// regions] (written every call; after the histograms of every row the scratch has, so rows
-// past n_rows keep zero histograms), state [n_rows, 16], cand [n_rows, row_len, 2],
+// straight from the global candidate list (slower, same result). Needs full subgroups (bins
+// are assigned in subgroup order, sg_vi) of at least 4 lanes.
+// Scratch (host): hist [n_rows, HSTRIDE], state [n_rows, 16], cand [n_rows, row_len, 2],
 // list [n_rows, 2k]; hist and state zero before the first call, and the kernels leave them
 // zero (the histograms cleared by the last workgroup of topk_gather, the done counter by the
 // workgroup that saw it full). Workgroup memory starts zeroed (WebGPU). 1 <= k <= 2048.
@@ -53,7 +44,7 @@ struct TopkParams {
     k: u32,
     pos0: u32,
     row_len: u32,
-    cnt_off: u32, // where the region counts start in hist (after the scratch's every row's histograms)
+    _p0: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -74,12 +65,12 @@ const KMAX: u32 = 2048u;
 const RWG: u32 = 256u; // topk_rank workgroup
 const RANK_E: u32 = 8u; // entries ranked per topk_rank workgroup (at most the host's TOPK_RANK_E)
 const RANK_SEGS: u32 = 32u; // RWG / RANK_E threads per entry, each counting over a segment
-const RMAX: u32 = 1024u; // regions (workgroups) per row: WG, one count per thread of the refine
 
 // state words per row
 const ST: u32 = 16u;
 const S_DONE2: u32 = 1u;
-const S_CCOUNT: u32 = 3u; // entries listed (compact list; the refine resets it)
+const S_COUNT: u32 = 2u; // selected so far (topk_gather)
+const S_CCOUNT: u32 = 3u; // candidates listed
 
 @group(0) @binding(0) var<uniform> p: TopkParams;
 @group(0) @binding(1) var<storage, read> scores: array<f32>;
@@ -103,10 +94,6 @@ var<workgroup> fb: vec4<u32>; // find results, broadcast with one uniform load
 var<workgroup> wcnt: array<atomic<u32>, 2>;
 var<workgroup> bkey: array<u32, BCAP>;
 var<workgroup> bpos: array<u32, BCAP>;
-var<workgroup> ovf: atomic<u32>; // the refine: some region holds more than its speculative slice
-var<workgroup> rpre: array<u32, RMAX>; // the refine: exclusive prefix of the region counts
-var<workgroup> rn: array<u32, RMAX>; // the refine: the region counts
-var<workgroup> lbase: u32; // topk_gather: the workgroup's first slot in the compact list
 
 // Exclusive prefix sum of v over the workgroup in the order (subgroup id, lane) = sg_vi:
 // (exclusive prefix, total). Uniform control flow, full subgroups. Subgroup scans, one total
@@ -210,27 +197,14 @@ fn slots(v: u32, ctr: u32) -> u32 {
 }
 
 // The bin of the global histogram hist[off..off+4096) (highest bin first) holding the need-th
-// largest key: (bin, need within the bin, keys in the bin, ovf as set before the call),
-// workgroup-uniform. Bins in subgroup order (sg_vi): one round trip, a subgroup scan, four
-// barriers.
-fn find_bin_global(off: u32, need: u32, lid: u32) -> vec4<u32> {
-    return find_bin_of(hist_load(off), need, lid);
-}
-
-// This thread's PER bins of find_bin_global, highest first.
-fn hist_load(off: u32) -> array<u32, PER> {
-    var h: array<u32, PER>;
-    for (var i = 0u; i < PER; i++) {
-        h[i] = histp[off + BINS - 1u - PER * sg_vi - i];
-    }
-    return h;
-}
-
-// find_bin_global on the bins loaded by hist_load.
-fn find_bin_of(h: array<u32, PER>, need: u32, lid: u32) -> vec4<u32> {
+// largest key: (bin, need within the bin, keys in the bin), workgroup-uniform. Bins in
+// subgroup order (sg_vi): one round trip, a subgroup scan, four barriers.
+fn find_bin_global(off: u32, need: u32, lid: u32) -> vec3<u32> {
     let per = PER;
+    var h: array<u32, PER>;
     var s = 0u;
     for (var i = 0u; i < per; i++) {
+        h[i] = histp[off + BINS - 1u - per * sg_vi - i];
         s += h[i];
     }
     let sc = wg_scan(lid, s);
@@ -239,13 +213,13 @@ fn find_bin_of(h: array<u32, PER>, need: u32, lid: u32) -> vec4<u32> {
         var cum = above;
         for (var i = 0u; i < per; i++) {
             if (cum + h[i] >= need) {
-                fb = vec4<u32>(BINS - 1u - per * sg_vi - i, need - cum, h[i], atomicLoad(&ovf));
+                fb = vec4<u32>(BINS - 1u - per * sg_vi - i, need - cum, h[i], 0u);
                 break;
             }
             cum += h[i];
         }
     }
-    return workgroupUniformLoad(&fb);
+    return workgroupUniformLoad(&fb).xyz;
 }
 
 // The same over the 256 workgroup bins lh8 (one bin per thread of the first 256).
@@ -268,6 +242,10 @@ fn topk_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
         return;
     }
     let valid = valid_len(row);
+    if (wg.x == 0u && lid == 0u) {
+        atomicStore(&state[row * ST + S_COUNT], select(0u, valid, valid <= p.k));
+        atomicStore(&state[row * ST + S_CCOUNT], 0u);
+    }
     if (valid <= p.k) {
         return;
     }
@@ -317,70 +295,12 @@ fn digit_of(key: u32, lo: u32, f: u32) -> u32 {
     return (lo >> (56u - f)) & 0xffu;
 }
 
-// The region holding entry e of the regions' concatenation (rpre: exclusive prefix of the
-// counts): the largest w with rpre[w] <= e.
-fn region_of(e: u32, nreg: u32) -> u32 {
-    var lo = 0u;
-    var hi = nreg;
-    while (hi - lo > 1u) {
-        let mid = (lo + hi) / 2u;
-        if (rpre[mid] <= e) {
-            lo = mid;
-        } else {
-            hi = mid;
-        }
-    }
-    return lo;
-}
-
-// Entry e (< the total count) of the regions' concatenation: (position, key).
-fn entry_at(row: u32, e: u32, nreg: u32) -> vec2<u32> {
-    let w = region_of(e, nreg);
-    return cand[row * p.row_len + w * CHUNK + e - rpre[w]];
-}
-
-// Boundary element j: (key, position) from workgroup memory, or from the candidate regions.
-fn boundary(row: u32, j: u32, small: bool, compact: bool, nreg: u32) -> vec2<u32> {
+// Boundary element j: (key, position) from workgroup memory, or from the candidate list.
+fn boundary(row: u32, j: u32, small: bool) -> vec2<u32> {
     if (small) {
         return vec2<u32>(bkey[j], bpos[j]);
     }
-    if (compact) {
-        return cand[row * p.row_len + j].yx;
-    }
-    return entry_at(row, j, nreg).yx;
-}
-
-// One step of the refine's walk over up to RI entries per thread (vm: which are loaded): keys
-// above b1, or in b1 above b2, go to the selection (slots from 0: k - need2 of them in all);
-// keys in b1 and b2 to the boundary set in workgroup memory when it fits (small).
-fn walk_step(row: u32, ck: array<u32, RI>, cp: array<u32, RI>, vm: u32, b1: u32, b2: u32, small: bool) {
-    var tm = 0u;
-    var km = 0u;
-    for (var q = 0u; q < RI; q++) {
-        if ((vm & (1u << q)) != 0u) {
-            let d1 = ck[q] >> 20u;
-            let d2 = (ck[q] >> 8u) & 0xfffu;
-            if (d1 > b1 || (d1 == b1 && d2 > b2)) {
-                tm |= 1u << q;
-            } else if (d1 == b1 && d2 == b2 && small) {
-                km |= 1u << q;
-            }
-        }
-    }
-    let s = slots(countOneBits(tm) | (countOneBits(km) << 16u), 1u);
-    var o = s & 0xffffu;
-    var ob = s >> 16u;
-    for (var q = 0u; q < RI; q++) {
-        if ((tm & (1u << q)) != 0u) {
-            put(row, o, ck[q], cp[q]);
-            o += 1u;
-        }
-        if ((km & (1u << q)) != 0u && ob < BCAP) {
-            bkey[ob] = ck[q];
-            bpos[ob] = cp[q];
-            ob += 1u;
-        }
-    }
+    return cand[row * p.row_len + j].yx;
 }
 
 @compute @workgroup_size(WG)
@@ -425,159 +345,122 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let off = row * HSTRIDE;
     let r1 = find_bin_global(off, p.k, lid);
     let b1 = r1.x;
-    let nreg = nwg.x;
-    let coff = p.cnt_off + row * nreg; // the row's region counts
-    let cbase = row * p.row_len;
-    // Every workgroup knows how many keys are at or above b1 in all (k - need1 above, bin b1's
-    // count in it). Up to one walk step of them: each workgroup writes its own into its region
-    // (no global reservation). More (long rows): into one compact list, slots reserved.
-    let total = p.k - r1.y + r1.z;
-    let compact = total > WG * RI;
-    var emask = 0u;
+    var smask = 0u;
+    var cmask = 0u;
     let off2 = off + BINS;
     for (var i = 0u; i < ITEMS; i++) {
         if (base + i * WG + lid < valid) {
             let d = keys[i] >> 20u;
-            if (d >= b1) {
-                emask |= 1u << i;
-            }
-            if (d == b1) {
+            if (d > b1) {
+                smask |= 1u << i;
+            } else if (d == b1) {
+                cmask |= 1u << i;
                 atomicAdd(&hist[off2 + ((keys[i] >> 8u) & 0xfffu)], 1u);
             }
         }
     }
-    var oc = slots(countOneBits(emask), 0u);
-    if (compact) {
-        workgroupBarrier();
-        if (lid == 0u) {
-            lbase = atomicAdd(&state[row * ST + S_CCOUNT], atomicLoad(&wcnt[0]));
+    // Slots within the workgroup (both counts <= CHUNK: selected in the low 16 bits,
+    // candidates above), then the workgroup's two reservations, from threads of different
+    // subgroups, in flight together.
+    let sc = slots(countOneBits(smask) | (countOneBits(cmask) << 16u), 0u);
+    workgroupBarrier();
+    if (lid == 0u) {
+        let ts = atomicLoad(&wcnt[0]) & 0xffffu;
+        ctl[3] = 0u;
+        if (ts > 0u) {
+            ctl[3] = atomicAdd(&state[row * ST + S_COUNT], ts);
         }
-        oc += cbase + workgroupUniformLoad(&lbase);
-    } else {
-        oc += cbase + base;
     }
+    if (lid == 32u) {
+        let tc = atomicLoad(&wcnt[0]) >> 16u;
+        ctl[4] = 0u;
+        if (tc > 0u) {
+            ctl[4] = atomicAdd(&state[row * ST + S_CCOUNT], tc);
+        }
+    }
+    workgroupBarrier();
+    var o = ctl[3] + (sc & 0xffffu);
+    var oc = row * p.row_len + ctl[4] + (sc >> 16u);
     for (var i = 0u; i < ITEMS; i++) {
-        if ((emask & (1u << i)) != 0u) {
-            cand[oc] = vec2<u32>(base + i * WG + lid, keys[i]);
+        let idx = base + i * WG + lid;
+        if ((smask & (1u << i)) != 0u) {
+            put(row, o, keys[i], idx);
+            o += 1u;
+        }
+        if ((cmask & (1u << i)) != 0u) {
+            cand[oc] = vec2<u32>(idx, keys[i]);
             oc += 1u;
         }
     }
-    if (!compact) {
-        workgroupBarrier();
-        if (lid == 0u) {
-            histp[coff + wg.x] = atomicLoad(&wcnt[0]);
-        }
-    }
-    let u = arrive(row * ST + S_DONE2, nwg.x, lid, 0u, 0u);
+    // The candidate count is bin b1's count; k - need1 keys are selected above b1.
+    let u = arrive(row * ST + S_DONE2, nwg.x, lid, r1.z, r1.y);
     if (u.x + 1u != nwg.x) {
         return;
     }
-    // The refine, in the last workgroup alone. b1, need1 and the candidate count (bin b1's) are
-    // this workgroup's own r1. One round trip: the digit-2 histogram and the first walk step's
-    // entries (regions: every region's count and its first sl entries, speculatively, the
-    // entries past a region's count dropped), in flight together.
-    let need1 = r1.y;
-    let ncand = r1.z;
-    // Regions: tpr threads per region (nreg <= WG), RI entries each, at most 1.5x the mean
-    // and 32 more (the slice sl); no division per entry.
-    let mean = total / nreg;
-    let tpr = WG / nreg;
-    let w0 = lid / tpr;
-    let t0 = lid - w0 * tpr;
-    let sl = min(min(CHUNK, tpr * RI), mean + mean / 2u + 32u);
+    // The refine, in the last workgroup alone. No state is read: the first RI candidates per
+    // thread load together with the digit-2 histogram, one round trip.
+    let ncand = u.y;
+    let need1 = u.z;
+    let cbase = row * p.row_len;
     var ck: array<u32, RI>;
     var cp: array<u32, RI>;
-    var vm = 0u;
-    var nown = 0u;
-    if (!compact && lid < nreg) {
-        nown = histp[coff + lid];
-    }
-    let h2 = hist_load(off2);
     for (var q = 0u; q < RI; q++) {
-        if (compact) {
-            let f = q * WG + lid;
-            if (f < total) {
-                let c = cand[cbase + f];
-                cp[q] = c.x;
-                ck[q] = c.y;
-                vm |= 1u << q;
-            }
-        } else {
-            let j = q * tpr + t0;
-            if (w0 < nreg && j < sl) {
-                let c = cand[cbase + min(w0 * CHUNK + j, p.row_len - 1u)];
-                cp[q] = c.x;
-                ck[q] = c.y;
-            }
+        let j = q * WG + lid;
+        if (j < ncand) {
+            let c = cand[cbase + j];
+            cp[q] = c.x;
+            ck[q] = c.y;
         }
     }
-    // Every load is in flight: now the counts to workgroup memory (find_bin_of's barriers
-    // publish them).
-    if (!compact && lid < nreg) {
-        rn[lid] = nown;
-        if (nown > sl) {
-            atomicOr(&ovf, 1u);
-        }
-    }
-    let r2 = find_bin_of(h2, need1, lid);
+    let r2 = find_bin_global(off2, need1, lid);
     // Every workgroup has read the digit-1 histogram, every thread here the digit-2 one.
     clear_global(off, HSTRIDE, lid);
-    if (compact && lid == 0u) {
-        atomicStore(&state[row * ST + S_CCOUNT], 0u);
-    }
     let b2 = r2.x;
     let nb = min(r2.z, ncand);
     let small = nb <= BCAP;
-    if (!compact && w0 < nreg) {
-        let n = rn[w0];
+    // One walk over the candidates: keys above b2 are selected, the boundary set (keys in b2)
+    // is copied to workgroup memory when it fits. RI candidates per thread per step, slots
+    // from subgroup sums (no barrier).
+    let outo = p.k - need1;
+    var i0 = 0u;
+    loop {
+        var tm = 0u;
+        var km = 0u;
         for (var q = 0u; q < RI; q++) {
-            let j = q * tpr + t0;
-            if (j < min(n, sl)) {
-                vm |= 1u << q;
-            }
-        }
-    }
-    walk_step(row, ck, cp, vm, b1, b2, small);
-    if (compact) {
-        for (var e0 = WG * RI; e0 < total; e0 += WG * RI) {
-            vm = 0u;
-            for (var q = 0u; q < RI; q++) {
-                let e = e0 + q * WG + lid;
-                if (e < total) {
-                    let c = cand[cbase + e];
-                    cp[q] = c.x;
-                    ck[q] = c.y;
-                    vm |= 1u << q;
+            if (i0 + q * WG + lid < ncand) {
+                let d = (ck[q] >> 8u) & 0xfffu;
+                if (d > b2) {
+                    tm |= 1u << q;
+                } else if (d == b2 && small) {
+                    km |= 1u << q;
                 }
             }
-            walk_step(row, ck, cp, vm, b1, b2, small);
         }
-    }
-    // Regions past their slice, or a boundary set radix-selected from the regions: the
-    // regions' concatenation through the prefix of their counts.
-    if (!compact && (r2.w != 0u || !small)) {
-        let sc2 = wg_scan(lid, nown);
-        if (lid < nreg) {
-            rpre[lid] = sc2.x;
-        }
-        workgroupBarrier();
-    }
-    if (!compact && r2.w != 0u) {
-        for (var e0 = 0u; e0 < total; e0 += WG * RI) {
-            vm = 0u;
-            for (var q = 0u; q < RI; q++) {
-                let e = e0 + q * WG + lid;
-                if (e < total) {
-                    let w = region_of(e, nreg);
-                    if (e - rpre[w] >= sl) {
-                        let c = cand[cbase + w * CHUNK + e - rpre[w]];
-                        cp[q] = c.x;
-                        ck[q] = c.y;
-                        vm |= 1u << q;
-                    }
-                }
+        let s = slots(countOneBits(tm) | (countOneBits(km) << 16u), 1u);
+        var o = outo + (s & 0xffffu);
+        var ob = s >> 16u;
+        for (var q = 0u; q < RI; q++) {
+            if ((tm & (1u << q)) != 0u) {
+                put(row, o, ck[q], cp[q]);
+                o += 1u;
             }
-            walk_step(row, ck, cp, vm, b1, b2, small);
+            if ((km & (1u << q)) != 0u && ob < BCAP) {
+                bkey[ob] = ck[q];
+                bpos[ob] = cp[q];
+                ob += 1u;
+            }
+        }
+        i0 += WG * RI;
+        if (i0 >= ncand) {
+            break;
+        }
+        for (var q = 0u; q < RI; q++) {
+            let j = i0 + q * WG + lid;
+            if (j < ncand) {
+                let c = cand[cbase + j];
+                cp[q] = c.x;
+                ck[q] = c.y;
+            }
         }
     }
     // The barrier publishes the boundary set. need1 - need2 keys were selected above b2.
@@ -603,7 +486,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
     // Radix select of the need2 largest composites of the boundary set: threshold (tk, tl),
     // its top f bits known.
-    let n = select(total, nbu, nbu <= BCAP);
+    let n = select(ncand, nbu, nbu <= BCAP);
     var need = r2.y;
     var tk = ((b1 << 12u) | b2) << 8u;
     var tl = 0u;
@@ -615,7 +498,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
         workgroupBarrier();
         for (var j = lid; j < n; j += WG) {
-            let e = boundary(row, j, nbu <= BCAP, compact, nreg);
+            let e = boundary(row, j, nbu <= BCAP);
             let lo = ~e.y;
             if (prefix_ok(e.x, lo, f, tk, tl)) {
                 atomicAdd(&lh8[digit_of(e.x, lo, f)], 1u);
@@ -640,7 +523,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         var take = 0u;
         var e = vec2<u32>(0u, 0u);
         if (j < n) {
-            e = boundary(row, j, nbu <= BCAP, compact, nreg);
+            e = boundary(row, j, nbu <= BCAP);
             let lo = ~e.y;
             take = select(0u, 1u, (e.x >> 8u) == pre && (e.x > tk || (e.x == tk && lo >= tl)));
         }

@@ -230,8 +230,7 @@ fn topk_radix_select_follows_the_tie_rule() {
     // Kind 6: 600K zeros and 100 positive scores (the walk over the tie stops early); kind 7:
     // 100K ties at 1.0 with 10 keys one ulp above at the very end (same top 24 key bits: the
     // walk must reach them). Kinds 8 and 9: scores rising with position, so the selection
-    // lies in the last workgroups' regions (topk_sg.wgsl: regions past their speculative
-    // slice), 9 also tied in pairs.
+    // lies in the last workgroups (skewed rows), 9 also tied in pairs.
     for (len, k, kind) in [
         (600_001usize, 2048usize, 0),
         (600_001, 2048, 1),
@@ -264,7 +263,7 @@ fn topk_radix_select_follows_the_tie_rule() {
     let (sel, _) = gpu_topk(&g, &v, rows, row_len - 3, row_len, k);
     assert_eq!(sel, want_topk(&v, rows, row_len - 3, row_len, k), "long rows");
     // One scratch for 3 rows, used for 1 row and then for 3: what a call leaves in the scratch
-    // (topk_sg.wgsl's region counts) is no histogram of a later call's rows.
+    // is no state of a later call's rows.
     let scratch = TopkScratch::new(&g, rows, row_len, k).expect("scratch");
     let sb = g.storage_from("scores", &v);
     let sel_b = g.storage("sel", (rows * k * 4) as u64);

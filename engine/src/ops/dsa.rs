@@ -19,7 +19,7 @@ shader_params!(
 shader_params!(
     /// Mirrors `TopkParams` in shaders/topk.wgsl.
     TopkParams in "topk" {
-        n_rows: u32, row_stride: u32, k: u32, pos0: u32, row_len: u32, cnt_off: u32, _p1: u32, _p2: u32,
+        n_rows: u32, row_stride: u32, k: u32, pos0: u32, row_len: u32, _p0: u32, _p1: u32, _p2: u32,
     }
 );
 shader_params!(
@@ -157,9 +157,6 @@ pub const MAX_TOPK: usize = 2048;
 pub const MAX_PAGES: usize = 16;
 /// Positions per top-k workgroup (topk.wgsl CHUNK).
 const TOPK_CHUNK: usize = 4096;
-/// Workgroups per row topk_sg.wgsl handles (its RMAX: rows of up to 4M positions); longer
-/// rows run topk.wgsl.
-const TOPK_SG_MAX_CHUNKS: usize = 1024;
 /// Selection entries ranked per workgroup (topk.wgsl RANK_E).
 const TOPK_RANK_E: usize = 8;
 /// Global histogram words per row (topk.wgsl / topk_sg.wgsl HSTRIDE: 4096 + 4096 bins).
@@ -572,8 +569,7 @@ pub struct TopkScratch {
     pub rows: usize,
     pub row_len: usize,
     pub k: usize,
-    /// Global histograms [rows, 8192] (zero between calls), then the region counts of
-    /// topk_sg.wgsl [rows, row_len / 4096] (written every call).
+    /// Global histograms [rows, 8192] (zero between calls).
     hist: wgpu::Buffer,
     /// Per-row state words [rows, 16] (done counters zero between calls).
     state: wgpu::Buffer,
@@ -589,8 +585,7 @@ impl TopkScratch {
             return Err(shape_err(format!("top-k: k = {k} unsupported (1..={MAX_TOPK})")));
         }
         let cand_bytes = (rows * row_len.max(1) * 8) as u64;
-        // The histograms, then (topk_sg.wgsl) one count per row and workgroup.
-        let hist_bytes = (rows * (TOPK_HSTRIDE + row_len.div_ceil(TOPK_CHUNK).max(1)) * 4) as u64;
+        let hist_bytes = (rows * TOPK_HSTRIDE * 4) as u64;
         for (what, bytes) in [("top-k candidate lists", cand_bytes), ("top-k histograms", hist_bytes)] {
             if bytes > gpu.caps.max_binding {
                 return Err(GpuError::TooLarge { what: what.into(), needed: bytes, limit: gpu.caps.max_binding });
@@ -681,7 +676,6 @@ fn topk_impl(
         k: k as u32,
         pos0: pos0 as u32,
         row_len: row_len as u32,
-        cnt_off: (scratch.rows * TOPK_HSTRIDE) as u32,
         ..Default::default()
     };
     let u = gpu.uniform("topk params", &params);
@@ -692,10 +686,7 @@ fn topk_impl(
     check_groups(gpu, "topk", [chunks, ry, rz])?;
     let (sc, st, cand, list) = (&scratch.hist, &scratch.state, &scratch.cand, &scratch.list);
     // Each entry point binds only what it uses (automatic layouts).
-    // topk_sg.wgsl handles up to TOPK_SG_MAX_CHUNKS workgroups per row (RMAX).
-    let sg = gpu.caps.subgroups
-        && chunks as usize <= TOPK_SG_MAX_CHUNKS
-        && !TOPK_PORTABLE.load(std::sync::atomic::Ordering::Relaxed);
+    let sg = gpu.caps.subgroups && !TOPK_PORTABLE.load(std::sync::atomic::Ordering::Relaxed);
     let (hist, gather) = match (sg, ordered) {
         (true, true) => (TOPK_HIST_SG, TOPK_GATHER_SG),
         (true, false) => (TOPK_HIST_SG, TOPK_GATHER_SET_SG),
@@ -703,8 +694,7 @@ fn topk_impl(
         (false, false) => (TOPK_HIST, TOPK_GATHER_SET),
     };
     let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 3] = [
-        // topk_sg.wgsl's topk_hist keeps no state (no slot counters to reset).
-        (hist, if sg { vec![(0, &u), (1, scores), (2, sc)] } else { vec![(0, &u), (1, scores), (2, sc), (3, st)] }, chunks),
+        (hist, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
         // Bindings 2 and 8 are the same buffer, atomic and plain (topk.wgsl `histp`).
         (gather, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score), (8, sc)], chunks),
         (TOPK_RANK, vec![(0, &u), (5, list), (6, sel), (7, sel_score)], ranks),
