@@ -229,10 +229,18 @@ fn topk_radix_select_follows_the_tie_rule() {
     // the k-th value is tied across many workgroups, and sparse ties near the boundary.
     // Kind 6: 600K zeros and 100 positive scores (the walk over the tie stops early); kind 7:
     // 100K ties at 1.0 with 10 keys one ulp above at the very end (same top 24 key bits: the
-    // walk must reach them).
-    for (len, k, kind) in
-        [(600_001usize, 2048usize, 0), (600_001, 2048, 1), (300_000, 1000, 4), (5000, 2048, 5), (600_000, 2048, 6), (100_000, 2048, 7)]
-    {
+    // walk must reach them). Kinds 8 and 9: scores rising with position, so the selection
+    // lies in the last workgroups (skewed rows), 9 also tied in pairs.
+    for (len, k, kind) in [
+        (600_001usize, 2048usize, 0),
+        (600_001, 2048, 1),
+        (300_000, 1000, 4),
+        (5000, 2048, 5),
+        (600_000, 2048, 6),
+        (100_000, 2048, 7),
+        (200_000, 2048, 8),
+        (70_001, 2047, 9),
+    ] {
         seed += 1;
         let mut v = random_vec(seed, len);
         match kind {
@@ -241,6 +249,8 @@ fn topk_radix_select_follows_the_tie_rule() {
             5 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i % 7 == 0 { 0.5 } else { *x * 0.4 }),
             6 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i % 6000 == 17 { x.abs() + 0.1 } else { 0.0 }),
             7 => v.iter_mut().enumerate().for_each(|(i, x)| *x = if i >= len - 10 { f32::from_bits(1.0f32.to_bits() + 1) } else { 1.0 }),
+            8 => v.iter_mut().enumerate().for_each(|(i, x)| *x = i as f32 / len as f32 + *x * 1e-3),
+            9 => v.iter_mut().enumerate().for_each(|(i, x)| *x = (i / 2) as f32),
             _ => {}
         }
         let (sel, _) = gpu_topk(&g, &v, 1, len, len, k);
@@ -252,6 +262,19 @@ fn topk_radix_select_follows_the_tie_rule() {
     v[row_len..2 * row_len].iter_mut().for_each(|x| *x = (*x * 3.0).round());
     let (sel, _) = gpu_topk(&g, &v, rows, row_len - 3, row_len, k);
     assert_eq!(sel, want_topk(&v, rows, row_len - 3, row_len, k), "long rows");
+    // One scratch for 3 rows, used for 1 row and then for 3: what a call leaves in the scratch
+    // is no state of a later call's rows.
+    let scratch = TopkScratch::new(&g, rows, row_len, k).expect("scratch");
+    let sb = g.storage_from("scores", &v);
+    let sel_b = g.storage("sel", (rows * k * 4) as u64);
+    let sc_b = g.storage("sel scores", (rows * k * 4) as u64);
+    for n in [1, rows] {
+        let mut enc = g.device.create_command_encoder(&Default::default());
+        dsa::topk(&g, &mut enc, &scratch, &sb, row_len, n, row_len - 3, row_len, &sel_b, &sc_b, None).expect("topk");
+        g.queue.submit([enc.finish()]);
+        let got = g.read::<i32>(&sel_b, n * k).expect("sel");
+        assert_eq!(got, want_topk(&v, n, row_len - 3, row_len, k), "{n} rows on a scratch of {rows}");
+    }
     // Causal rows: row r sees positions 0..=100+r; short prefixes below k select everything.
     let (rows, row_len, pos0, k) = (33, 133, 100, 120);
     let v = random_vec(99, rows * row_len);
