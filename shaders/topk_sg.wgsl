@@ -38,62 +38,11 @@
 // zero (the histograms cleared by the last workgroup of topk_gather, the done counter by the
 // workgroup that saw it full). Workgroup memory starts zeroed (WebGPU). 1 <= k <= 2048.
 
-struct TopkParams {
-    n_rows: u32,
-    row_stride: u32,
-    k: u32,
-    pos0: u32,
-    row_len: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
-}
+#include "lib/topk_common.wgsl"
 
-// ORDERED = false (the `_set` kernels): topk_gather writes sel / sel_score directly, in no
-// particular order, and topk_rank is not run (sparse attention does not need the order).
-override ORDERED: bool = true;
-const WG: u32 = 1024u;
-const ITEMS: u32 = 4u;
-const CHUNK: u32 = 4096u; // WG * ITEMS positions per workgroup (the host's TOPK_CHUNK)
-const BINS: u32 = 4096u;
-const PER: u32 = BINS / WG; // global histogram bins per thread in find_bin_global
-const HSTRIDE: u32 = 8192u; // per row: digit-1 bins [0, 4096), digit-2 bins [4096, 8192)
-const BCAP: u32 = 2048u; // boundary keys held in workgroup memory
-const RI: u32 = 8u; // candidates per thread per step of the refine's walk
-const NB_RANK: u32 = 64u; // boundary sets up to this size are ranked directly (no radix rounds)
-const KMAX: u32 = 2048u;
-const RWG: u32 = 256u; // topk_rank workgroup
-const RANK_E: u32 = 8u; // entries ranked per topk_rank workgroup (at most the host's TOPK_RANK_E)
-const RANK_SEGS: u32 = 32u; // RWG / RANK_E threads per entry, each counting over a segment
-
-// state words per row
-const ST: u32 = 16u;
-const S_DONE2: u32 = 1u;
-const S_COUNT: u32 = 2u; // selected so far (topk_gather)
-const S_CCOUNT: u32 = 3u; // candidates listed
-
-@group(0) @binding(0) var<uniform> p: TopkParams;
-@group(0) @binding(1) var<storage, read> scores: array<f32>;
-@group(0) @binding(2) var<storage, read_write> hist: array<atomic<u32>>;
-@group(0) @binding(3) var<storage, read_write> state: array<atomic<u32>>;
-@group(0) @binding(4) var<storage, read_write> cand: array<vec2<u32>>; // (position, key)
-@group(0) @binding(5) var<storage, read_write> list: array<vec2<u32>>; // (key, position)
-@group(0) @binding(6) var<storage, read_write> sel: array<i32>;
-@group(0) @binding(7) var<storage, read_write> sel_score: array<f32>;
-// The same buffer as `hist`, read and cleared with plain loads and stores: the digit-1 bins come
-// from the previous dispatch, the digit-2 bins are read after the done counter (storage
-// barriers order them). Atomic loads measured ~0.5 us each on the H200, one after another.
-@group(0) @binding(8) var<storage, read_write> histp: array<u32>;
-
-var<workgroup> lh: array<atomic<u32>, BINS>; // topk_hist
-var<workgroup> lh8: array<atomic<u32>, 256>; // topk_gather's refine
-var<workgroup> ctl: array<u32, 16>;
-var<workgroup> fb: vec4<u32>; // find results, broadcast with one uniform load
 // Slots handed to subgroups: [0] topk_gather's classification, [1] the refine's walk
 // (selected in the low 16 bits, the others above).
 var<workgroup> wcnt: array<atomic<u32>, 2>;
-var<workgroup> bkey: array<u32, BCAP>;
-var<workgroup> bpos: array<u32, BCAP>;
 
 // Exclusive prefix sum of v over the workgroup in the order (subgroup id, lane) = sg_vi:
 // (exclusive prefix, total). Uniform control flow, full subgroups. Subgroup scans, one total
@@ -122,47 +71,6 @@ fn wg_scan(lid: u32, v: u32) -> vec2<u32> {
     total = subgroupAdd(total);
     workgroupBarrier();
     return vec2<u32>(before + incl - v, total);
-}
-
-// Order-preserving map of f32 to u32 (larger score -> larger key; the order of f64 total_cmp).
-fn okey(f: f32) -> u32 {
-    let u = bitcast<u32>(f);
-    return select(u | 0x80000000u, ~u, (u & 0x80000000u) != 0u);
-}
-
-// Inverse of okey.
-fn score_of(key: u32) -> f32 {
-    return bitcast<f32>(select(~key, key & 0x7fffffffu, (key & 0x80000000u) != 0u));
-}
-
-fn valid_len(row: u32) -> u32 {
-    return min(p.pos0 + row + 1u, p.row_len);
-}
-
-fn row_of(wg: vec3<u32>, nwg: vec3<u32>) -> u32 {
-    return wg.y + wg.z * nwg.y;
-}
-
-fn score_key(row: u32, idx: u32) -> u32 {
-    return okey(scores[row * p.row_stride + idx]);
-}
-
-// Selection slot o of the row: (key, position) in the list (ordered form) or sel / sel_score.
-fn put(row: u32, o: u32, key: u32, pos: u32) {
-    if (o < p.k) {
-        if (ORDERED) {
-            list[row * p.k + o] = vec2<u32>(key, pos);
-        } else {
-            sel[row * p.k + o] = i32(pos);
-            sel_score[row * p.k + o] = score_of(key);
-        }
-    }
-}
-
-fn clear_global(off: u32, n: u32, lid: u32) {
-    for (var b = lid; b < n; b += WG) {
-        histp[off + b] = 0u;
-    }
 }
 
 // Counts this workgroup in at the row's done counter: (arrivals before this one, a, b) with
@@ -233,74 +141,6 @@ fn find_bin_local(need: u32, lid: u32) -> vec3<u32> {
         fb = vec4<u32>(255u - sg_vi, need - sc.x, s, 0u);
     }
     return workgroupUniformLoad(&fb).xyz;
-}
-
-@compute @workgroup_size(WG)
-fn topk_hist(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row = row_of(wg, nwg);
-    if (row >= p.n_rows) {
-        return;
-    }
-    let valid = valid_len(row);
-    if (wg.x == 0u && lid == 0u) {
-        atomicStore(&state[row * ST + S_COUNT], select(0u, valid, valid <= p.k));
-        atomicStore(&state[row * ST + S_CCOUNT], 0u);
-    }
-    if (valid <= p.k) {
-        return;
-    }
-    let base = wg.x * CHUNK;
-    // Scores first: their loads overlap the clearing.
-    var keys: array<u32, ITEMS>;
-    for (var i = 0u; i < ITEMS; i++) {
-        let idx = base + i * WG + lid;
-        keys[i] = score_key(row, min(idx, valid - 1u));
-    }
-    for (var b = lid; b < BINS; b += WG) {
-        atomicStore(&lh[b], 0u);
-    }
-    workgroupBarrier();
-    for (var i = 0u; i < ITEMS; i++) {
-        if (base + i * WG + lid < valid) {
-            atomicAdd(&lh[keys[i] >> 20u], 1u);
-        }
-    }
-    workgroupBarrier();
-    let off = row * HSTRIDE;
-    for (var b = lid; b < BINS; b += WG) {
-        let v = atomicLoad(&lh[b]);
-        if (v > 0u) {
-            atomicAdd(&hist[off + b], v);
-        }
-    }
-}
-
-// Fixed-bits tests of the boundary refine. The composite is (key, lo = ~position); the top
-// `f` bits (24 <= f <= 56) of the threshold (tk, tl) are known.
-fn prefix_ok(key: u32, lo: u32, f: u32, tk: u32, tl: u32) -> bool {
-    if (f == 24u) {
-        return (key >> 8u) == (tk >> 8u);
-    }
-    if (f == 32u) {
-        return key == tk;
-    }
-    return key == tk && (lo >> (64u - f)) == (tl >> (64u - f));
-}
-
-// The 8-bit digit below the top `f` bits.
-fn digit_of(key: u32, lo: u32, f: u32) -> u32 {
-    if (f == 24u) {
-        return key & 0xffu;
-    }
-    return (lo >> (56u - f)) & 0xffu;
-}
-
-// Boundary element j: (key, position) from workgroup memory, or from the candidate list.
-fn boundary(row: u32, j: u32, small: bool) -> vec2<u32> {
-    if (small) {
-        return vec2<u32>(bkey[j], bpos[j]);
-    }
-    return cand[row * p.row_len + j].yx;
 }
 
 @compute @workgroup_size(WG)
@@ -535,71 +375,4 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
 }
 
-var<workgroup> rkey: array<u32, KMAX>;
-var<workgroup> rpos: array<u32, KMAX>;
-var<workgroup> rcnt: array<u32, RWG>;
-
-@compute @workgroup_size(256)
-fn topk_rank(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let row = row_of(wg, nwg);
-    if (row >= p.n_rows) {
-        return;
-    }
-    let n = min(valid_len(row), min(p.k, KMAX)); // the list holds exactly min(k, valid) entries
-    let lbase = row * p.k;
-    // KMAX / RWG loads per thread, all in flight before the first store (a loop bounded by n
-    // issued them one round trip at a time).
-    var ent: array<vec2<u32>, KMAX / RWG>;
-    for (var i = 0u; i < KMAX / RWG; i++) {
-        let j = i * RWG + lid;
-        if (j < n) {
-            ent[i] = list[lbase + j];
-        }
-    }
-    for (var i = 0u; i < KMAX / RWG; i++) {
-        let j = i * RWG + lid;
-        if (j < n) {
-            rkey[j] = ent[i].x;
-            rpos[j] = ent[i].y;
-        }
-    }
-    workgroupBarrier();
-    let slot = lid % RANK_E;
-    let e = wg.x * RANK_E + slot;
-    let seg = lid / RANK_E;
-    var cnt = 0u;
-    if (e < n) {
-        let ke = rkey[e];
-        let pe = rpos[e];
-        // Segments interleaved (thread seg reads j = seg, seg + RANK_SEGS, ...): the segments
-        // of a 32-wide subgroup read neighbouring words, no bank conflicts.
-        for (var j = seg; j < n; j += RANK_SEGS) {
-            let kj = rkey[j];
-            cnt += select(0u, 1u, kj > ke || (kj == ke && rpos[j] < pe));
-        }
-    }
-    rcnt[lid] = cnt;
-    workgroupBarrier();
-    if (lid < RANK_E && e < p.k) {
-        let o = row * p.k;
-        if (e < n) {
-            var r = 0u;
-            for (var s = 0u; s < RANK_SEGS; s++) {
-                r += rcnt[s * RANK_E + lid];
-            }
-            sel[o + r] = i32(rpos[e]);
-            sel_score[o + r] = score_of(rkey[e]);
-        } else {
-            sel[o + e] = -1;
-            sel_score[o + e] = bitcast<f32>(0xff800000u);
-        }
-    }
-}
-
-// Bench probe: an empty dispatch (the launch and drain floor).
-@compute @workgroup_size(64)
-fn topk_noop(@builtin(local_invocation_index) lid: u32) {
-    if (lid == 1000u) {
-        atomicStore(&state[0], p.k);
-    }
-}
+#include "lib/topk_rank.wgsl"
