@@ -531,6 +531,9 @@ pub fn prep_with(
     if out.t_len < t_len {
         return Err(GpuError::Shape(format!("kda prep: outputs hold {} tokens, need {t_len}", out.t_len)));
     }
+    if !kernel.supported(gpu, geom) {
+        return Err(GpuError::Shape(format!("kda prep: the {kernel:?} kernel does not run here for head dim {}", geom.head_dim)));
+    }
     let run = prep_run_tokens(t_len, geom.heads);
     let uniform = gpu.uniform("kda params", &KdaParams { run: run as u32, ..geom.params(t_len, pos) });
     let bufs = [
@@ -547,9 +550,6 @@ pub fn prep_with(
         (13, &out.g),
         (14, &out.beta),
     ];
-    if !kernel.supported(gpu, geom) {
-        return Err(GpuError::Shape(format!("kda prep: the {kernel:?} kernel does not run here for head dim {}", geom.head_dim)));
-    }
     let rows = t_len * geom.heads;
     match kernel {
         PrepKernel::Run => {
