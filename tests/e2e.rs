@@ -140,6 +140,8 @@ fn snapshot_restore_continues_identically() {
         std::fs::write(&path, junk).expect("write");
         assert!(Snapshot::load(&path).is_err());
     }
+    let e = Snapshot::load(path.parent().expect("dir")).expect_err("a directory");
+    assert!(e.to_string().contains("directory"), "{e}");
 }
 
 #[test]

@@ -353,6 +353,9 @@ impl SnapshotFile {
     fn open(path: &Path) -> Result<SnapshotFile, SessionError> {
         let p = path.display().to_string();
         let bad = |reason: String| SessionError::File { what: "read", path: p.clone(), reason };
+        if path.is_dir() {
+            return Err(bad("it is a directory, not a snapshot file".into()));
+        }
         let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
         // SAFETY: as with the checkpoint's mapping, the file must not be modified while it is
         // mapped; the mapping lives as long as this value.
