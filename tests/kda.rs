@@ -146,6 +146,7 @@ fn random_core_taps(seed: u64, t_len: usize, heads: usize, dk: usize, gate: KdaG
 const BOUNDED: KdaGate = KdaGate::Bounded { lower_bound: -5.0 };
 
 /// Prefill T then decode N, against the reference over T + N and against one prefill of T + N.
+#[allow(clippy::too_many_arguments)]
 fn check_case(gpu: &Gpu, seed: u64, t: usize, n: usize, heads: usize, dk: usize, gate: KdaGate, init: bool) {
     check_case_taps(gpu, seed, t, n, heads, dk, gate, init, 4)
 }
