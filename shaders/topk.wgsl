@@ -39,6 +39,11 @@
 
 var<workgroup> scan: array<u32, 2u * WG>; // two buffers of WG
 
+// Invocation lid's place in wg_scan's order.
+fn scan_slot(lid: u32) -> u32 {
+    return lid;
+}
+
 // Exclusive prefix sum of v over the workgroup: (exclusive prefix, total). Uniform control flow.
 // Radix-4 Hillis-Steele between two buffers: 5 rounds of one barrier each (WG = 1024).
 fn wg_scan(lid: u32, v: u32) -> vec2<u32> {
@@ -84,43 +89,6 @@ fn arrive(at: u32, total: u32, lid: u32) -> bool {
     return last;
 }
 
-// The bin of the global histogram hist[off..off+4096) (highest bin first) holding the need-th
-// largest key: (bin, need within the bin, keys in the bin), workgroup-uniform.
-fn find_bin_global(off: u32, need: u32, lid: u32) -> vec3<u32> {
-    let per = PER;
-    var h: array<u32, PER>;
-    var s = 0u;
-    for (var i = 0u; i < per; i++) {
-        h[i] = histp[off + BINS - 1u - per * lid - i];
-        s += h[i];
-    }
-    let sc = wg_scan(lid, s);
-    let above = sc.x;
-    if (above < need && above + s >= need) {
-        var cum = above;
-        for (var i = 0u; i < per; i++) {
-            if (cum + h[i] >= need) {
-                fb = vec4<u32>(BINS - 1u - per * lid - i, need - cum, h[i], 0u);
-                break;
-            }
-            cum += h[i];
-        }
-    }
-    return workgroupUniformLoad(&fb).xyz;
-}
-
-// The same over the 256 workgroup bins lh8 (one bin per thread of the first 256).
-fn find_bin_local(need: u32, lid: u32) -> vec3<u32> {
-    var s = 0u;
-    if (lid < 256u) {
-        s = atomicLoad(&lh8[255u - lid]);
-    }
-    let sc = wg_scan(lid, s);
-    if (sc.x < need && sc.x + s >= need) {
-        fb = vec4<u32>(255u - lid, need - sc.x, s, 0u);
-    }
-    return workgroupUniformLoad(&fb).xyz;
-}
 
 @compute @workgroup_size(WG)
 fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

@@ -44,6 +44,11 @@
 // (selected in the low 16 bits, the others above).
 var<workgroup> wcnt: array<atomic<u32>, 2>;
 
+// Invocation lid's place in wg_scan's order: (subgroup id, lane).
+fn scan_slot(lid: u32) -> u32 {
+    return sg_vi;
+}
+
 // Exclusive prefix sum of v over the workgroup in the order (subgroup id, lane) = sg_vi:
 // (exclusive prefix, total). Uniform control flow, full subgroups. Subgroup scans, one total
 // per subgroup in workgroup memory, two barriers.
@@ -104,44 +109,6 @@ fn slots(v: u32, ctr: u32) -> u32 {
     return subgroupBroadcastFirst(b) + ex;
 }
 
-// The bin of the global histogram hist[off..off+4096) (highest bin first) holding the need-th
-// largest key: (bin, need within the bin, keys in the bin), workgroup-uniform. Bins in
-// subgroup order (sg_vi): one round trip, a subgroup scan, four barriers.
-fn find_bin_global(off: u32, need: u32, lid: u32) -> vec3<u32> {
-    let per = PER;
-    var h: array<u32, PER>;
-    var s = 0u;
-    for (var i = 0u; i < per; i++) {
-        h[i] = histp[off + BINS - 1u - per * sg_vi - i];
-        s += h[i];
-    }
-    let sc = wg_scan(lid, s);
-    let above = sc.x;
-    if (above < need && above + s >= need) {
-        var cum = above;
-        for (var i = 0u; i < per; i++) {
-            if (cum + h[i] >= need) {
-                fb = vec4<u32>(BINS - 1u - per * sg_vi - i, need - cum, h[i], 0u);
-                break;
-            }
-            cum += h[i];
-        }
-    }
-    return workgroupUniformLoad(&fb).xyz;
-}
-
-// The same over the 256 workgroup bins lh8 (one bin per thread of the first 256).
-fn find_bin_local(need: u32, lid: u32) -> vec3<u32> {
-    var s = 0u;
-    if (sg_vi < 256u) {
-        s = atomicLoad(&lh8[255u - sg_vi]);
-    }
-    let sc = wg_scan(lid, s);
-    if (sc.x < need && sc.x + s >= need) {
-        fb = vec4<u32>(255u - sg_vi, need - sc.x, s, 0u);
-    }
-    return workgroupUniformLoad(&fb).xyz;
-}
 
 @compute @workgroup_size(WG)
 fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32,

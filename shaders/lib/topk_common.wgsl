@@ -1,6 +1,7 @@
 // What topk.wgsl (portable) and topk_sg.wgsl (subgroups) share: parameters, scratch
-// bindings, workgroup arrays, key helpers, the digit-1 histogram pass and the boundary
-// refine's tests (see topk.wgsl's header for the algorithm).
+// bindings, workgroup arrays, key helpers, the digit-1 histogram pass, the boundary refine's
+// tests and the bin finds (through each form's wg_scan and scan_slot; see topk.wgsl's header
+// for the algorithm).
 
 struct TopkParams {
     n_rows: u32,
@@ -163,4 +164,43 @@ fn boundary(row: u32, j: u32, small: bool) -> vec2<u32> {
         return vec2<u32>(bkey[j], bpos[j]);
     }
     return cand[row * p.row_len + j].yx;
+}
+
+// The bin of the global histogram hist[off..off+4096) (highest bin first) holding the need-th
+// largest key: (bin, need within the bin, keys in the bin), workgroup-uniform. Bins are taken in
+// wg_scan's order (scan_slot, which each form defines): one round trip and one scan.
+fn find_bin_global(off: u32, need: u32, lid: u32) -> vec3<u32> {
+    let per = PER;
+    var h: array<u32, PER>;
+    var s = 0u;
+    for (var i = 0u; i < per; i++) {
+        h[i] = histp[off + BINS - 1u - per * scan_slot(lid) - i];
+        s += h[i];
+    }
+    let sc = wg_scan(lid, s);
+    let above = sc.x;
+    if (above < need && above + s >= need) {
+        var cum = above;
+        for (var i = 0u; i < per; i++) {
+            if (cum + h[i] >= need) {
+                fb = vec4<u32>(BINS - 1u - per * scan_slot(lid) - i, need - cum, h[i], 0u);
+                break;
+            }
+            cum += h[i];
+        }
+    }
+    return workgroupUniformLoad(&fb).xyz;
+}
+
+// The same over the 256 workgroup bins lh8 (one bin per thread of the first 256).
+fn find_bin_local(need: u32, lid: u32) -> vec3<u32> {
+    var s = 0u;
+    if (scan_slot(lid) < 256u) {
+        s = atomicLoad(&lh8[255u - scan_slot(lid)]);
+    }
+    let sc = wg_scan(lid, s);
+    if (sc.x < need && sc.x + s >= need) {
+        fb = vec4<u32>(255u - scan_slot(lid), need - sc.x, s, 0u);
+    }
+    return workgroupUniformLoad(&fb).xyz;
 }
