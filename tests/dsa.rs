@@ -804,3 +804,56 @@ fn attention_at_awkward_shapes_matches_reference() {
     assert!(e <= 1e-5 && le <= 1e-5, "long dense: o rel err {e}, lse err {le}");
     eprintln!("worst o rel L2 error {worst:.2e}");
 }
+
+/// The decode row ops in one dispatch (`global_prep`) against the f64 references: c_q's RMSNorm
+/// in place, the latent row (RMSNorm of its first part, the rope part raw) and the index key's
+/// LayerNorm, both written as bf16 at a position past the caches' first page; with and without
+/// c_q and the index keys.
+#[test]
+fn global_prep_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    let (q_n, latent_n, rope, id, pos, eps, k_eps) = (40, 32, 8, 24, 5, 1e-6f32, 1e-5f32);
+    let width = latent_n + rope;
+    let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    let cq: Vec<f32> = random_vec(1, q_n).iter().map(|x| x * 3.0).collect();
+    let g_q: Vec<f32> = random_vec(2, q_n).iter().map(|x| x + 1.5).collect();
+    let kv: Vec<f32> = random_vec(3, width).iter().map(|x| x * 0.2).collect();
+    let g_kv: Vec<f32> = random_vec(4, latent_n).iter().map(|x| x + 1.5).collect();
+    let ki: Vec<f32> = random_vec(5, id).iter().map(|x| x * 7.0 + 2.0).collect();
+    let (g_k, b_k) = (random_vec(6, id), random_vec(7, id));
+    // Each GPU bf16 value within one bf16 rounding of the f64 reference.
+    let check_row = |what: &str, got: &[u8], want: &[f64]| {
+        for (i, (b, &w)) in got.chunks_exact(2).zip(want).enumerate() {
+            let g = half::bf16::from_le_bytes([b[0], b[1]]).to_f64();
+            assert!((g - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-30, "{what}[{i}]: {g} vs {w}");
+        }
+    };
+    for (with_q, with_key) in [(true, true), (false, true), (true, false)] {
+        let (cq_b, gq_b, kv_b, gkv_b) = (gpu.storage_from("cq", &cq), gpu.storage_from("gq", &g_q), gpu.storage_from("kv", &kv), gpu.storage_from("gkv", &g_kv));
+        let (ki_b, gk_b, bk_b) = (gpu.storage_from("ki", &ki), gpu.storage_from("gk", &g_k), gpu.storage_from("bk", &b_k));
+        let mut latent = PagedRows::new(&gpu, "latent", width, 4, 16).expect("latent");
+        let mut keys = PagedRows::new(&gpu, "keys", id, 4, 16).expect("keys");
+        latent.ensure(&gpu, pos + 1).expect("ensure");
+        keys.ensure(&gpu, pos + 1).expect("ensure");
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let key = with_key.then(|| dsa::KeyPrep { ki: &ki_b, gamma: &gk_b, beta: &bk_b, eps: k_eps, keys: &keys });
+        let q = with_q.then_some((&cq_b, q_n, &gq_b));
+        let ran = dsa::global_prep(&gpu, &mut enc, q, &kv_b, &gkv_b, latent_n, &latent, key, eps, pos, None).expect("global_prep");
+        if !ran {
+            eprintln!("fewer than 9 storage buffers per stage: global_prep does not run here");
+            return;
+        }
+        gpu.queue.submit([enc.finish()]);
+        let got_q: Vec<f32> = gpu.read(&cq_b, q_n).expect("read");
+        let want_q = if with_q { refdsa::rms(&f64s(&cq), &g_q, eps as f64).iter().map(|&v| v as f32).collect() } else { cq.clone() };
+        assert!(support::golden::rel_err(&got_q, &want_q) < 1e-6, "c_q (with_q {with_q})");
+        let mut want_latent = refdsa::rms(&f64s(&kv[..latent_n]), &g_kv, eps as f64);
+        want_latent.extend(f64s(&kv[latent_n..]));
+        let rows = latent.download_bf16(&gpu, pos + 1).expect("download");
+        check_row("latent", &rows[pos * width * 2..], &want_latent);
+        if with_key {
+            let rows = keys.download_bf16(&gpu, pos + 1).expect("download");
+            check_row("index key", &rows[pos * id * 2..], &refdsa::layer_norm(&f64s(&ki), &g_k, &b_k, k_eps as f64));
+        }
+    }
+}

@@ -197,12 +197,14 @@ fn linear(w: &[f32], x: &[f64]) -> Vec<f64> {
     w.chunks_exact(n).map(|r| r.iter().zip(x).map(|(&a, &b)| a as f64 * b).sum()).collect()
 }
 
-fn rms(x: &[f64], g: &[f32], eps: f64) -> Vec<f64> {
+/// RMSNorm of one row (the latent's and c_q's, spec 5.2).
+pub fn rms(x: &[f64], g: &[f32], eps: f64) -> Vec<f64> {
     let r = 1.0 / (x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64 + eps).sqrt();
     x.iter().zip(g).map(|(v, &g)| v * r * g as f64).collect()
 }
 
-fn layer_norm(x: &[f64], g: &[f32], b: &[f32], eps: f64) -> Vec<f64> {
+/// LayerNorm of one row (the index key's, spec 2.2).
+pub fn layer_norm(x: &[f64], g: &[f32], b: &[f32], eps: f64) -> Vec<f64> {
     let n = x.len() as f64;
     let mean = x.iter().sum::<f64>() / n;
     let var = x.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
