@@ -387,27 +387,21 @@ impl SnapshotFile {
         Ok(SnapshotFile { path: p, map, position, tokens, kda, global })
     }
 
-    fn tensor(&self, name: &str) -> Result<Option<&[u8]>, SessionError> {
-        let st = safetensors::SafeTensors::deserialize(&self.map)
-            .map_err(|e| SessionError::File { what: "read", path: self.path.clone(), reason: e.to_string() })?;
-        Ok(st.tensor(name).ok().map(|t| t.data()))
-    }
-
-    fn required(&self, name: &str) -> Result<&[u8], SessionError> {
-        self.tensor(name)?
-            .ok_or_else(|| SessionError::File { what: "read", path: self.path.clone(), reason: format!("tensor `{name}` is missing") })
-    }
-
+    /// Every layer's bytes, borrowed from the mapping (the header parsed once for all).
     fn layers(&self) -> Result<Vec<(usize, LayerBytes<'_>)>, SessionError> {
+        let bad = |reason: String| SessionError::File { what: "read", path: self.path.clone(), reason };
+        let st = safetensors::SafeTensors::deserialize(&self.map).map_err(|e| bad(e.to_string()))?;
+        let tensor = |name: String| st.tensor(&name).ok().map(|t| t.data());
+        let required = |name: String| tensor(name.clone()).ok_or_else(|| bad(format!("tensor `{name}` is missing")));
         let mut parts = Vec::new();
         for &(l, pos) in &self.kda {
-            let state = self.required(&format!("layers.{l}.kda.state"))?;
-            let ring = self.required(&format!("layers.{l}.kda.conv"))?;
+            let state = required(format!("layers.{l}.kda.state"))?;
+            let ring = required(format!("layers.{l}.kda.conv"))?;
             parts.push((l, LayerBytes::Kda { state, ring, pos: pos as u64 }));
         }
         for &(l, len) in &self.global {
-            let latent = self.required(&format!("layers.{l}.global.latent"))?;
-            let keys = self.tensor(&format!("layers.{l}.global.index_keys"))?;
+            let latent = required(format!("layers.{l}.global.latent"))?;
+            let keys = tensor(format!("layers.{l}.global.index_keys"));
             parts.push((l, LayerBytes::Global { len, latent, keys }));
         }
         Ok(parts)
