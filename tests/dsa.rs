@@ -836,7 +836,7 @@ fn global_prep_matches_reference() {
         latent.ensure(&gpu, pos + 1).expect("ensure");
         keys.ensure(&gpu, pos + 1).expect("ensure");
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        let key = with_key.then(|| dsa::KeyPrep { ki: &ki_b, gamma: &gk_b, beta: &bk_b, eps: k_eps, keys: &keys });
+        let key = with_key.then_some(dsa::KeyPrep { ki: &ki_b, gamma: &gk_b, beta: &bk_b, eps: k_eps, keys: &keys });
         let q = with_q.then_some((&cq_b, q_n, &gq_b));
         let ran = dsa::global_prep(&gpu, &mut enc, q, &kv_b, &gkv_b, latent_n, &latent, key, eps, pos, None).expect("global_prep");
         if !ran {
