@@ -48,15 +48,13 @@ pub const GEMV_BF16_SG: Kernel = GEMV_BF16_SG_CS2;
 pub const GEMV_BF16_MULTI: Kernel = Kernel::new("gemv_bf16_multi", "gemv_multi", "gemv_bf16_sg_multi")
     .with_constants(&[("RS", 2.0), ("RPW", 16.0)])
     .subgroups()
-    .unchecked()
-    .profile_as("gemv_bf16");
+    .unchecked();
 const MULTI_RPW: usize = 16;
 /// An RMS-normed input's GEMV (gemv_norm.wgsl): the norm and the product in one dispatch.
 pub const GEMV_BF16_NORMED: Kernel = Kernel::new("gemv_bf16_normed", "gemv_norm", "gemv_bf16_sg_normed")
     .with_constants(&[("RS", 2.0), ("RPW", 16.0)])
     .subgroups()
-    .unchecked()
-    .profile_as("gemv_bf16");
+    .unchecked();
 /// Widest input the normed GEMV stages in workgroup memory (MAX_XV vec4 in the shader).
 const NORMED_MAX_COLS: usize = 4096;
 const MULTI_ENTRIES: usize = 4;

@@ -33,9 +33,9 @@ const PREP_RUN_WG: usize = 256;
 const PREP_RUN_MAX: usize = 64;
 
 /// Tokens per kda_prep_run subgroup: 64 where that still leaves ~16K subgroups (T = 8192 at
-/// K3.1's 96 heads: measured faster than kda_prep_sg), shorter runs for shorter prompts so
-/// the GPU stays full (with runs of 64 a 512-token chunk, 288 workgroups, ran 7 % slower than
-/// kda_prep_sg on the H200); 8 at the least.
+/// K3.1's 96 heads), shorter runs for shorter prompts so the GPU stays full (with runs of 64 a
+/// 512-token chunk, 288 workgroups, ran 7 % slower than kda_prep_sg on the H200; with runs
+/// of 8, 20 % faster); 8 at the least.
 fn prep_run_tokens(t_len: usize, heads: usize) -> usize {
     let per_unit = (3 * heads * t_len / 16384).clamp(8, PREP_RUN_MAX);
     1 << per_unit.ilog2()
@@ -72,14 +72,10 @@ impl PrepKernel {
         }
     }
 
-    /// The fastest supported kernel for `t_len` tokens: `Run` only with full-length runs, the
-    /// one configuration measured faster than `Subgroup` (shorter runs are untested on a GPU).
-    pub fn default_for(gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> PrepKernel {
-        let long = prep_run_tokens(t_len, geom.heads) == PREP_RUN_MAX;
-        [PrepKernel::Run, PrepKernel::Subgroup]
-            .into_iter()
-            .find(|&k| k.supported(gpu, geom) && (k != PrepKernel::Run || long))
-            .unwrap_or(PrepKernel::Shared)
+    /// The fastest supported kernel: `Run` (measured faster than `Subgroup` on the H200 at
+    /// T = 8192 with runs of 64 and in 512-token chunks with runs of 8), else `Subgroup`.
+    pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> PrepKernel {
+        [PrepKernel::Run, PrepKernel::Subgroup].into_iter().find(|&k| k.supported(gpu, geom)).unwrap_or(PrepKernel::Shared)
     }
 }
 pub const KDA_CONV_SAVE: Kernel = Kernel::new("kda_conv_save", "kda", "kda_conv_save");
@@ -510,7 +506,7 @@ pub fn prep(
     out: &Prepped,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    prep_with(gpu, enc, PrepKernel::default_for(gpu, geom, t_len), geom, t_len, pos, inp, ring, out, profiler)
+    prep_with(gpu, enc, PrepKernel::default_for(gpu, geom), geom, t_len, pos, inp, ring, out, profiler)
 }
 
 /// [`prep`] through a chosen kernel.

@@ -167,7 +167,13 @@ pub const DECODE_VARIANTS: &[DecodeKernels] =
     &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SGT, DECODE_SGT_WIDE];
 
 /// The fastest MXFP4 decode kernels this adapter can run at this expert width.
+/// `K31_MOE_DECODE=NAME` picks a supported variant of [`DECODE_VARIANTS`] by name instead.
 pub fn decode_default(gpu: &Gpu, layout: &SlotLayout) -> DecodeKernels {
+    if let Ok(name) = std::env::var("K31_MOE_DECODE") {
+        if let Some(k) = DECODE_VARIANTS.iter().find(|k| k.name == name && decode_supported(gpu, layout, k)) {
+            return *k;
+        }
+    }
     if decode_supported(gpu, layout, &DECODE_SGT) {
         DECODE_SGT
     } else if gpu.caps.subgroups {
