@@ -257,7 +257,7 @@ fn prefill_state_variants_match_reference() {
     let mut worst: f64 = 0.0;
     for sv in StateVariant::ALL {
         for t in [17, 64, 65, 200] {
-            for k in [16, 64, 128, 256] {
+            for k in [16, 48, 64, 80, 128, 256] {
                 for (gate, init) in [(BOUNDED, false), (BOUNDED, true), (KdaGate::Softplus, false), (KdaGate::Softplus, true)] {
                     seed += 1;
                     let core = random_core(seed, t, 2, k, gate, init);

@@ -117,6 +117,12 @@ pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", 
 /// The state pass for K > STATE_KMAX and for adapters where kda_chunk_state's workgroup
 /// memory does not fit (16 columns per workgroup, S rows up to 256, 20 KB).
 pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chunk", "kda_chunk_state16");
+/// The state pass with S in registers (kda_chunk_state_r), 32 or 16 value columns per
+/// workgroup (256 or 128 threads), 32 KiB of workgroup memory; K <= 128.
+pub const KDA_CHUNK_STATE_R32: Kernel =
+    Kernel::new("kda_chunk_state_r32", "kda_chunk", "kda_chunk_state_r").with_constants(&[("RCOLS", 32.0)]).unchecked();
+pub const KDA_CHUNK_STATE_R16: Kernel =
+    Kernel::new("kda_chunk_state_r16", "kda_chunk", "kda_chunk_state_r").with_constants(&[("RCOLS", 16.0)]).unchecked();
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out").unchecked();
 /// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
 pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
@@ -268,21 +274,35 @@ pub enum StateVariant {
     /// kda_chunk_state16: 16 value columns per workgroup, w and kg read from global memory
     /// (20 KB); any K.
     Narrow,
+    /// kda_chunk_state_r: S in registers, 4 x 4 register tiles, 32 value columns per
+    /// workgroup of 256 threads (32 KiB); K <= 128.
+    Reg32,
+    /// kda_chunk_state_r with 16 value columns per workgroup of 128 threads (twice the
+    /// workgroups); K <= 128.
+    Reg16,
 }
 
 impl StateVariant {
-    pub const ALL: [StateVariant; 2] = [StateVariant::Staged, StateVariant::Narrow];
+    pub const ALL: [StateVariant; 4] = [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg32, StateVariant::Reg16];
 
     fn kernel(self) -> (&'static Kernel, usize) {
         match self {
             StateVariant::Staged => (&KDA_CHUNK_STATE, STATE_COLS),
             StateVariant::Narrow => (&KDA_CHUNK_STATE16, STATE16_COLS),
+            StateVariant::Reg32 => (&KDA_CHUNK_STATE_R32, 32),
+            StateVariant::Reg16 => (&KDA_CHUNK_STATE_R16, 16),
         }
     }
 
     /// Whether the variant handles head dim K (the adapter's workgroup memory aside).
     pub fn supports(self, geom: &KdaGeom) -> bool {
         self == StateVariant::Narrow || geom.head_dim <= STATE_KMAX
+    }
+
+    /// Whether the variant runs here: K within its limit and its workgroup memory within the
+    /// adapter's.
+    pub fn runs_on(self, gpu: &Gpu, geom: &KdaGeom) -> Result<bool, GpuError> {
+        Ok(self.supports(geom) && gpu.pipelines.fits(gpu, self.kernel().0)?)
     }
 
     /// The variant [`chunk_prefill`] uses: Staged where K allows and its workgroup memory fits
