@@ -12,7 +12,8 @@
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
 //                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
-//                     (4 channels x 2 columns per thread).
+//                     (4 channels x 2 columns per thread). kda_chunk_state_r: the same with S in
+//                     registers, 16 columns per workgroup, 16 KiB (where the 41 KB one does not fit).
 // In intra (phase 1), state and out the next staged slice's global loads are issued before the
 // current slice is used (one slice in flight in registers).
 // Inner loops run a constant trip count (tiles zero-filled past K and past the last row), 4
@@ -337,21 +338,32 @@ fn kda_chunk_intra(
         workgroupBarrier();
     }
     // Phase 3: M = (I + A)^-1 (A strictly lower), blockwise in f32 (spec 4.4): the 16x16
-    // diagonal blocks by forward substitution, then the blocks at distance d = 1, 2, 3 below
+    // diagonal blocks by forward substitution (a column per thread, in registers, 16 terms per
+    // row at a constant trip count: 3 % faster on the H200 than the triangular loop through
+    // workgroup memory), then the blocks at distance d = 1, 2, 3 below
     // the diagonal: M_ab = -M_aa sum_{m=b}^{a-1} A_am M_mb.
     for (var e = lid; e < C * C; e += WG) {
         m_set(e, select(0.0, 1.0, e / C == e % C));
     }
     workgroupBarrier();
     if (lid < C) {
+        // Column jj of the diagonal block M_aa in registers (x[m] = M[r0 + m][r0 + jj]), every
+        // thread through the same rows (A_aa is strictly lower: zero for m >= ii).
         let r0 = (lid / SUB) * SUB;
         let jj = lid % SUB;
-        for (var ii = jj + 1u; ii < SUB; ii++) {
-            var acc = -a_get((r0 + ii) * C + r0 + jj);
-            for (var m = jj + 1u; m < ii; m++) {
-                acc -= a_get((r0 + ii) * C + r0 + m) * m_get((r0 + m) * C + r0 + jj);
+        var x: array<f32, 16>;
+        x[0] = select(0.0, 1.0, jj == 0u);
+        for (var ii = 1u; ii < SUB; ii++) {
+            var acc = 0.0;
+            for (var m = 0u; m < SUB; m++) {
+                acc += a_get((r0 + ii) * C + r0 + m) * x[m];
             }
-            m_set((r0 + ii) * C + r0 + jj, acc);
+            x[ii] = select(select(0.0, 1.0, ii == jj), -acc, ii > jj);
+        }
+        for (var ii = 1u; ii < SUB; ii++) {
+            if (ii > jj) {
+                m_set((r0 + ii) * C + r0 + jj, x[ii]);
+            }
         }
     }
     workgroupBarrier();
@@ -730,34 +742,35 @@ fn kda_chunk_state(
 
 // ---------------------------------------------------------------------------------------
 // kda_chunk_state_r: the state pass with S in registers. One workgroup per (head, tile of
-// RCOLS value columns), RWG = 8 RCOLS threads, sequential over chunks; K <= 128.
+// RCOLS = 16 value columns), RWG = 128 threads, sequential over chunks; K <= 128.
 //   Thread (chg = lid / RCQ, cq = lid % RCQ) keeps S[4 chg .. 4 chg + 3, columns 4 cq .. + 3]
 //   as four vec4 (one per channel) for the whole pass.
 //   Per chunk: S_n -> rs_a (all of it, [128 channels, RCQ quads]) and to hs; U = u - w S_n as
 //   4 x 4 tiles (rows 4 rg .., columns 4 cq ..), the K reduction split between the two halves
 //   of the workgroup (each takes half of every staged w slice, half 1 hands its sums to half 0
 //   through rs_u); then S = diag(e^Gamma_last) S_n + kg^T U in the registers, kg staged in
-//   slices of RWG / 8 rows into rs_a (S_n is not needed there any more).
-//   Every staged read is a vec4 and feeds 4 x 4 FMAs (the 32-column kernel above feeds 8 FMAs
-//   per vec4 + vec2): half the workgroup-memory loads per FMA.
+//   slices of RKR rows into rs_a (S_n is not needed there any more).
+//   Every staged read is a vec4 and feeds 4 x 4 FMAs.
 // Stages per chunk: the ceil(K / RWC) w slices [64 rows, RWC channels], then the 64 / RKR kg
 // slices [RKR rows, 128 channels]; the next stage's global loads are issued before the current
 // stage's math (one stage in flight in registers: 2 vec4 for w, 4 for kg).
-// 32 KiB of workgroup memory (Metal's and DX12's limit).
-override RCOLS: u32 = 32u;          // value columns per workgroup (16 or 32)
-override RWG: u32 = 8u * RCOLS;     // threads
-override RCQ: u32 = RCOLS / 4u;     // column quads
-override RWC: u32 = RWG / 8u;       // channels per staged w slice (64 x RWC = 2 RWG floats... in vec4: 2 per thread)
-override RKR: u32 = RWG / 8u;       // rows per staged kg slice (RKR x 128 = 4 vec4 per thread)
+// 16 KiB of workgroup memory. On the H200 (Vulkan) workgroups of 32 KiB and more ran one per
+// SM: the same kernel at 32 columns (32 KiB, 384 workgroups) took 4.60 ms at T = 8192 x 96
+// heads, at 16 columns with 32 KiB arrays 10.9 ms, at 16 columns with these 16 KiB 4.35-4.46.
+const RCOLS: u32 = 16u;          // value columns per workgroup
+const RWG: u32 = 8u * RCOLS;     // threads
+const RCQ: u32 = RCOLS / 4u;     // column quads
+const RWC: u32 = RWG / 8u;       // channels per staged w slice (2 vec4 per thread)
+const RKR: u32 = RWG / 8u;       // rows per staged kg slice (RKR x 128 channels: 4 vec4 per thread)
 // S_n [128, RCQ] during the U stages, then the kg slice [RKR, 32 channel quads].
-var<workgroup> rs_a: array<vec4<f32>, 1024>;
+var<workgroup> rs_a: array<vec4<f32>, 512>;
 // w slice [64 rows, RWC / 4 channel quads], quads swizzled by the row's quad-row (see rs_wq).
-var<workgroup> rs_w: array<vec4<f32>, 512>;
+var<workgroup> rs_w: array<vec4<f32>, 256>;
 // U [64 rows, RCQ] (first half 1's partial sums, then U).
-var<workgroup> rs_u: array<vec4<f32>, 512>;
+var<workgroup> rs_u: array<vec4<f32>, 256>;
 
 // Slot of (row, channel quad) in rs_w: the quad XOR the row's quad-row (row / 4) so that the
-// 4 (8) rows one warp reads in one step fall on different banks.
+// rows one warp reads in one step spread over the banks.
 fn rs_wq(row: u32, quad: u32) -> u32 {
     let nq = RWC / 4u;
     return row * nq + (quad ^ ((row / 4u) % nq));

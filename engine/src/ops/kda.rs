@@ -117,12 +117,9 @@ pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", 
 /// The state pass for K > STATE_KMAX and for adapters where kda_chunk_state's workgroup
 /// memory does not fit (16 columns per workgroup, S rows up to 256, 20 KB).
 pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chunk", "kda_chunk_state16");
-/// The state pass with S in registers (kda_chunk_state_r), 32 or 16 value columns per
-/// workgroup (256 or 128 threads), 32 KiB of workgroup memory; K <= 128.
-pub const KDA_CHUNK_STATE_R32: Kernel =
-    Kernel::new("kda_chunk_state_r32", "kda_chunk", "kda_chunk_state_r").with_constants(&[("RCOLS", 32.0)]).unchecked();
-pub const KDA_CHUNK_STATE_R16: Kernel =
-    Kernel::new("kda_chunk_state_r16", "kda_chunk", "kda_chunk_state_r").with_constants(&[("RCOLS", 16.0)]).unchecked();
+/// The state pass with S in registers (kda_chunk_state_r): 16 value columns per workgroup of
+/// 128 threads, 16 KiB of workgroup memory; K <= 128.
+pub const KDA_CHUNK_STATE_R: Kernel = Kernel::new("kda_chunk_state_r", "kda_chunk", "kda_chunk_state_r").unchecked();
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out").unchecked();
 /// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
 pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
@@ -274,23 +271,19 @@ pub enum StateVariant {
     /// kda_chunk_state16: 16 value columns per workgroup, w and kg read from global memory
     /// (20 KB); any K.
     Narrow,
-    /// kda_chunk_state_r: S in registers, 4 x 4 register tiles, 32 value columns per
-    /// workgroup of 256 threads (32 KiB); K <= 128.
-    Reg32,
-    /// kda_chunk_state_r with 16 value columns per workgroup of 128 threads (twice the
-    /// workgroups); K <= 128.
-    Reg16,
+    /// kda_chunk_state_r: S in registers, 4 x 4 register tiles, 16 value columns per
+    /// workgroup of 128 threads (16 KiB); K <= 128.
+    Reg,
 }
 
 impl StateVariant {
-    pub const ALL: [StateVariant; 4] = [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg32, StateVariant::Reg16];
+    pub const ALL: [StateVariant; 3] = [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg];
 
     fn kernel(self) -> (&'static Kernel, usize) {
         match self {
             StateVariant::Staged => (&KDA_CHUNK_STATE, STATE_COLS),
             StateVariant::Narrow => (&KDA_CHUNK_STATE16, STATE16_COLS),
-            StateVariant::Reg32 => (&KDA_CHUNK_STATE_R32, 32),
-            StateVariant::Reg16 => (&KDA_CHUNK_STATE_R16, 16),
+            StateVariant::Reg => (&KDA_CHUNK_STATE_R, 16),
         }
     }
 
@@ -305,12 +298,12 @@ impl StateVariant {
         Ok(self.supports(geom) && gpu.pipelines.fits(gpu, self.kernel().0)?)
     }
 
-    /// The variant [`chunk_prefill`] uses: the first of Staged, Reg32 that runs here (K <= 128,
+    /// The variant [`chunk_prefill`] uses: the first of Staged, Reg that runs here (K <= 128,
     /// workgroup memory within the adapter's), else Narrow. On the H200 at T = 8192 x 96 heads
-    /// x 128 the state pass took 4.41 ms (Staged), 4.60 ms (Reg32), 10.9 ms (Reg16) and 91.2
-    /// ms (Narrow): Reg32 is what adapters limited to 32 KiB (Metal, DX12) run.
+    /// x 128 the state pass took 4.41 ms (Staged), 4.35-4.46 ms (Reg) and 91.2 ms (Narrow):
+    /// Reg is what adapters limited to 32 KiB (Metal, DX12) run.
     pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> Result<StateVariant, GpuError> {
-        for sv in [StateVariant::Staged, StateVariant::Reg32] {
+        for sv in [StateVariant::Staged, StateVariant::Reg] {
             if sv.runs_on(gpu, geom)? {
                 return Ok(sv);
             }
