@@ -24,7 +24,7 @@
 use k31_engine::bench::{copy_bandwidth, median_span, time_gpu, Row};
 use k31_engine::config::KdaGate;
 use k31_engine::gpu::{Gpu, GpuError, Profiler};
-use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeStep, DecodeVariant, KdaGeom, KdaInputs, Prepped};
+use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeStep, DecodeVariant, KdaGeom, KdaInputs, Prepped, StateVariant};
 use k31_engine::reference::kda as r;
 use k31_engine::wgpu;
 
@@ -346,6 +346,47 @@ fn main() -> anyhow::Result<()> {
                 let (es, _) = errors(&s_all, ss);
                 println!("    vs SIMT path (all {heads} heads): o rel L2 {eo:.2e} (max {mo:.2e}), final state rel L2 {es:.2e}");
             }
+        }
+    }
+
+    // The SIMT path with each state-pass kernel that runs here (same inputs): whole prefill,
+    // the state kernel's profiled time, and the errors against the reference.
+    {
+        let scratch = ChunkScratch::for_path(&gpu, &geom, t_len, ChunkPath::Simt)?;
+        println!("    SIMT state-pass variants (default here: {:?}):", StateVariant::default_for(&gpu, &geom)?);
+        for sv in StateVariant::ALL {
+            if !sv.runs_on(&gpu, &geom)? {
+                continue;
+            }
+            let mut record = |enc: &mut wgpu::CommandEncoder, mut prof: Option<&mut Profiler>| -> Result<(), GpuError> {
+                enc.clear_buffer(&state, 0, None);
+                kda::prep(&gpu, enc, &geom, t_len, 0, &inp, &ring, &pre, prof.as_deref_mut())?;
+                kda::chunk_prefill_state(&gpu, enc, sv, &geom, &pre, &scratch, &state, &ot, prof)
+            };
+            let t_sv = time_gpu(&gpu, 2, 10, &mut record)?;
+            t_best = t_best.min(t_sv);
+            let mut state_us = f64::NAN;
+            let mut prof = Profiler::new(&gpu, 64);
+            if prof.enabled() {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                record(&mut enc, Some(&mut prof))?;
+                gpu.queue.submit([enc.finish()]);
+                prof.collect(&gpu)?;
+                state_us = prof.report().iter().filter(|op| op.label.starts_with("kda_chunk_state")).map(|op| op.total_ns / 1e3).sum();
+            }
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            record(&mut enc, None)?;
+            gpu.queue.submit([enc.finish()]);
+            let o_all = gpu.read::<f32>(&ot, t_len * p)?;
+            let s_all = gpu.read::<f32>(&state, heads * dk * dk)?;
+            let o_sub: Vec<f32> = (0..t_len).flat_map(|t| o_all[t * p..t * p + check_heads * dk].to_vec()).collect();
+            let (eo, _) = errors(&o_sub, &want_o);
+            let (es, _) = errors(&s_all[..check_heads * dk * dk], &want_s);
+            println!("      [{sv:?}] prefill {:>9.1} us, state pass {state_us:>8.1} us; vs f64: o {eo:.2e}, state {es:.2e}", t_sv * 1e6);
+            note(&mut extra, &format!("prefill_state_{sv:?}_us"), t_sv * 1e6);
+            note(&mut extra, &format!("prefill_state_{sv:?}_state_us"), state_us);
+            note(&mut extra, &format!("prefill_state_{sv:?}_o_rel_l2"), eo);
+            note(&mut extra, &format!("prefill_state_{sv:?}_state_rel_l2"), es);
         }
     }
 

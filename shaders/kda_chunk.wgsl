@@ -12,7 +12,8 @@
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
 //                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
-//                     (4 channels x 2 columns per thread).
+//                     (4 channels x 2 columns per thread). kda_chunk_state_r: the same with S in
+//                     registers, 16 columns per workgroup, 16 KiB (where the 41 KB one does not fit).
 // In intra (phase 1), state and out the next staged slice's global loads are issued before the
 // current slice is used (one slice in flight in registers).
 // Inner loops run a constant trip count (tiles zero-filled past K and past the last row), 4
@@ -337,21 +338,32 @@ fn kda_chunk_intra(
         workgroupBarrier();
     }
     // Phase 3: M = (I + A)^-1 (A strictly lower), blockwise in f32 (spec 4.4): the 16x16
-    // diagonal blocks by forward substitution, then the blocks at distance d = 1, 2, 3 below
+    // diagonal blocks by forward substitution (a column per thread, in registers, 16 terms per
+    // row at a constant trip count: 3 % faster on the H200 than the triangular loop through
+    // workgroup memory), then the blocks at distance d = 1, 2, 3 below
     // the diagonal: M_ab = -M_aa sum_{m=b}^{a-1} A_am M_mb.
     for (var e = lid; e < C * C; e += WG) {
         m_set(e, select(0.0, 1.0, e / C == e % C));
     }
     workgroupBarrier();
     if (lid < C) {
+        // Column jj of the diagonal block M_aa in registers (x[m] = M[r0 + m][r0 + jj]), every
+        // thread through the same rows (A_aa is strictly lower: zero for m >= ii).
         let r0 = (lid / SUB) * SUB;
         let jj = lid % SUB;
-        for (var ii = jj + 1u; ii < SUB; ii++) {
-            var acc = -a_get((r0 + ii) * C + r0 + jj);
-            for (var m = jj + 1u; m < ii; m++) {
-                acc -= a_get((r0 + ii) * C + r0 + m) * m_get((r0 + m) * C + r0 + jj);
+        var x: array<f32, 16>;
+        x[0] = select(0.0, 1.0, jj == 0u);
+        for (var ii = 1u; ii < SUB; ii++) {
+            var acc = 0.0;
+            for (var m = 0u; m < SUB; m++) {
+                acc += a_get((r0 + ii) * C + r0 + m) * x[m];
             }
-            m_set((r0 + ii) * C + r0 + jj, acc);
+            x[ii] = select(select(0.0, 1.0, ii == jj), -acc, ii > jj);
+        }
+        for (var ii = 1u; ii < SUB; ii++) {
+            if (ii > jj) {
+                m_set((r0 + ii) * C + r0 + jj, x[ii]);
+            }
         }
     }
     workgroupBarrier();
@@ -725,6 +737,284 @@ fn kda_chunk_state(
             state[at] = x.x;
             state[at + 1u] = x.y;
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// kda_chunk_state_r: the state pass with S in registers. One workgroup per (head, tile of
+// RCOLS = 16 value columns), RWG = 128 threads, sequential over chunks; K <= 128.
+//   Thread (chg = lid / RCQ, cq = lid % RCQ) keeps S[4 chg .. 4 chg + 3, columns 4 cq .. + 3]
+//   as four vec4 (one per channel) for the whole pass.
+//   Per chunk: S_n -> rs_a (all of it, [128 channels, RCQ quads]) and to hs; U = u - w S_n as
+//   4 x 4 tiles (rows 4 rg .., columns 4 cq ..), the K reduction split between the two halves
+//   of the workgroup (each takes half of every staged w slice, half 1 hands its sums to half 0
+//   through rs_u); then S = diag(e^Gamma_last) S_n + kg^T U in the registers, kg staged in
+//   slices of RKR rows into rs_a (S_n is not needed there any more).
+//   Every staged read is a vec4 and feeds 4 x 4 FMAs.
+// Stages per chunk: the ceil(K / RWC) w slices [64 rows, RWC channels], then the 64 / RKR kg
+// slices [RKR rows, 128 channels]; the next stage's global loads are issued before the current
+// stage's math (one stage in flight in registers: 2 vec4 for w, 4 for kg).
+// 16 KiB of workgroup memory. On the H200 (Vulkan) workgroups of 32 KiB and more ran one per
+// SM: the same kernel at 32 columns (32 KiB, 384 workgroups) took 4.60 ms at T = 8192 x 96
+// heads, at 16 columns with 32 KiB arrays 10.9 ms, at 16 columns with these 16 KiB 4.35-4.46.
+const RCOLS: u32 = 16u;          // value columns per workgroup
+const RWG: u32 = 8u * RCOLS;     // threads
+const RCQ: u32 = RCOLS / 4u;     // column quads
+const RWC: u32 = RWG / 8u;       // channels per staged w slice (2 vec4 per thread)
+const RKR: u32 = RWG / 8u;       // rows per staged kg slice (RKR x 128 channels: 4 vec4 per thread)
+// S_n [128, RCQ] during the U stages, then the kg slice [RKR, 32 channel quads].
+var<workgroup> rs_a: array<vec4<f32>, 512>;
+// w slice [64 rows, RWC / 4 channel quads], quads swizzled by the row's quad-row (see rs_wq).
+var<workgroup> rs_w: array<vec4<f32>, 256>;
+// U [64 rows, RCQ] (first half 1's partial sums, then U).
+var<workgroup> rs_u: array<vec4<f32>, 256>;
+
+// Slot of (row, channel quad) in rs_w: the quad XOR the row's quad-row (row / 4) so that the
+// rows one warp reads in one step spread over the banks.
+fn rs_wq(row: u32, quad: u32) -> u32 {
+    let nq = RWC / 4u;
+    return row * nq + (quad ^ ((row / 4u) % nq));
+}
+
+// Global loads of stage s of chunk n (s < nsu: w slice s, else kg slice s - nsu); zeros past
+// the last row, past K and past the last chunk.
+fn rs_fetch(n: u32, s: u32, nsu: u32, h: u32, lid: u32) -> array<vec4<f32>, 4> {
+    var out: array<vec4<f32>, 4>;
+    if (n >= p.nchunks) {
+        return out;
+    }
+    let hk = p.heads * p.dk;
+    let t0 = n * C;
+    let nv = rows_in(n);
+    if (s < nsu) {
+        let nq = RWC / 4u;
+        for (var i = 0u; i < 2u; i++) {
+            let e = lid + i * RWG;
+            let r = e / nq;
+            let ch = s * RWC + 4u * (e % nq);
+            if (r < nv && ch < p.dk) {
+                let at = (t0 + r) * hk + h * p.dk + ch;
+                out[i] = vec4<f32>(w[at], w[at + 1u], w[at + 2u], w[at + 3u]);
+            }
+        }
+    } else {
+        let r0 = (s - nsu) * RKR;
+        for (var i = 0u; i < 4u; i++) {
+            let e = lid + i * RWG;
+            let r = r0 + e / 32u;
+            let ch = 4u * (e % 32u);
+            if (r < nv && ch < p.dk) {
+                let at = (t0 + r) * hk + h * p.dk + ch;
+                out[i] = vec4<f32>(kg[at], kg[at + 1u], kg[at + 2u], kg[at + 3u]);
+            }
+        }
+    }
+    return out;
+}
+
+@compute @workgroup_size(RWG)
+fn kda_chunk_state_r(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let tiles = (p.dk + RCOLS - 1u) / RCOLS;
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.heads * tiles) {
+        return;
+    }
+    let h = id / tiles;
+    let v0 = (id % tiles) * RCOLS;
+    let hk = p.heads * p.dk;
+    let kv = p.dk * p.dk;
+    let cq = lid % RCQ;
+    let chg = lid / RCQ;           // S: channels 4 chg .. 4 chg + 3 (chg < 32)
+    let ch = 4u * chg;
+    let col = v0 + 4u * cq;
+    let live = col < p.dk;         // V is a multiple of 16: the whole quad or none of it
+    let own = live && ch < p.dk;
+    let tt = lid % (16u * RCQ);
+    let rg = tt / RCQ;             // U: rows 4 rg .. 4 rg + 3
+    let half = lid / (16u * RCQ);  // U: which half of each w slice's channels
+    let hq = RWC / 8u;             // channel quads per half slice
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    if (own) {
+        let at = h * kv + ch * p.dk + col;
+        s0 = vec4<f32>(state[at], state[at + 1u], state[at + 2u], state[at + 3u]);
+        s1 = vec4<f32>(state[at + p.dk], state[at + p.dk + 1u], state[at + p.dk + 2u], state[at + p.dk + 3u]);
+        let a2 = at + 2u * p.dk;
+        s2 = vec4<f32>(state[a2], state[a2 + 1u], state[a2 + 2u], state[a2 + 3u]);
+        let a3 = at + 3u * p.dk;
+        s3 = vec4<f32>(state[a3], state[a3 + 1u], state[a3 + 2u], state[a3 + 3u]);
+    }
+    let nsu = (p.dk + RWC - 1u) / RWC;
+    let nss = C / RKR;
+    var pf = rs_fetch(0u, 0u, nsu, h, lid);
+    for (var n = 0u; n < p.nchunks; n++) {
+        let t0 = n * C;
+        let nv = rows_in(n);
+        // S_n: to workgroup memory for the U stages, and out for kda_chunk_out.
+        rs_a[ch * RCQ + cq] = s0;
+        rs_a[(ch + 1u) * RCQ + cq] = s1;
+        rs_a[(ch + 2u) * RCQ + cq] = s2;
+        rs_a[(ch + 3u) * RCQ + cq] = s3;
+        if (own) {
+            let at = (n * p.heads + h) * kv + ch * p.dk + col;
+            hs[at] = s0.x;
+            hs[at + 1u] = s0.y;
+            hs[at + 2u] = s0.z;
+            hs[at + 3u] = s0.w;
+            let a1 = at + p.dk;
+            hs[a1] = s1.x;
+            hs[a1 + 1u] = s1.y;
+            hs[a1 + 2u] = s1.z;
+            hs[a1 + 3u] = s1.w;
+            let a2 = at + 2u * p.dk;
+            hs[a2] = s2.x;
+            hs[a2 + 1u] = s2.y;
+            hs[a2 + 2u] = s2.z;
+            hs[a2 + 3u] = s2.w;
+            let a3 = at + 3u * p.dk;
+            hs[a3] = s3.x;
+            hs[a3 + 1u] = s3.y;
+            hs[a3 + 2u] = s3.z;
+            hs[a3 + 3u] = s3.w;
+        }
+        var acc0 = vec4<f32>(0.0);
+        var acc1 = vec4<f32>(0.0);
+        var acc2 = vec4<f32>(0.0);
+        var acc3 = vec4<f32>(0.0);
+        var uin: array<vec4<f32>, 4>;
+        var dec = vec4<f32>(1.0);
+        let glast = (t0 + nv - 1u) * hk + h * p.dk;
+        // U stages: w slice s = channels s RWC .. + RWC - 1; this half takes hq quads of them.
+        for (var s = 0u; s < nsu; s++) {
+            for (var i = 0u; i < 2u; i++) {
+                let e = lid + i * RWG;
+                rs_w[rs_wq(e / (RWC / 4u), e % (RWC / 4u))] = pf[i];
+            }
+            workgroupBarrier();
+            if (s + 1u < nsu) {
+                pf = rs_fetch(n, s + 1u, nsu, h, lid);
+            } else {
+                pf = rs_fetch(n, nsu, nsu, h, lid);
+                // u (half 0's rows) and the decay, a stage before their use.
+                if (half == 0u && live) {
+                    for (var ii = 0u; ii < 4u; ii++) {
+                        let r = 4u * rg + ii;
+                        if (r < nv) {
+                            let at = (t0 + r) * hk + h * p.dk + col;
+                            uin[ii] = vec4<f32>(u[at], u[at + 1u], u[at + 2u], u[at + 3u]);
+                        }
+                    }
+                }
+                if (own) {
+                    let ga = glast + ch;
+                    dec = exp(vec4<f32>(gam[ga], gam[ga + 1u], gam[ga + 2u], gam[ga + 3u]));
+                }
+            }
+            for (var j = 0u; j < hq; j++) {
+                let qd = half * hq + j;
+                let w0 = rs_w[rs_wq(4u * rg, qd)];
+                let w1 = rs_w[rs_wq(4u * rg + 1u, qd)];
+                let w2 = rs_w[rs_wq(4u * rg + 2u, qd)];
+                let w3 = rs_w[rs_wq(4u * rg + 3u, qd)];
+                let sb = (s * RWC + 4u * qd) * RCQ + cq;
+                let b0 = rs_a[sb];
+                let b1 = rs_a[sb + RCQ];
+                let b2 = rs_a[sb + 2u * RCQ];
+                let b3 = rs_a[sb + 3u * RCQ];
+                acc0 += w0.x * b0 + w0.y * b1 + w0.z * b2 + w0.w * b3;
+                acc1 += w1.x * b0 + w1.y * b1 + w1.z * b2 + w1.w * b3;
+                acc2 += w2.x * b0 + w2.y * b1 + w2.z * b2 + w2.w * b3;
+                acc3 += w3.x * b0 + w3.y * b1 + w3.z * b2 + w3.w * b3;
+            }
+            if (s + 1u == nsu && half == 1u) {
+                let ub = 4u * rg * RCQ + cq;
+                rs_u[ub] = acc0;
+                rs_u[ub + RCQ] = acc1;
+                rs_u[ub + 2u * RCQ] = acc2;
+                rs_u[ub + 3u * RCQ] = acc3;
+            }
+            workgroupBarrier();
+        }
+        // U = u - (both halves' sums), by half 0 (rows past the end and idle columns are 0).
+        if (half == 0u) {
+            for (var ii = 0u; ii < 4u; ii++) {
+                let r = 4u * rg + ii;
+                var acc = acc0;
+                if (ii == 1u) {
+                    acc = acc1;
+                } else if (ii == 2u) {
+                    acc = acc2;
+                } else if (ii == 3u) {
+                    acc = acc3;
+                }
+                var uu = vec4<f32>(0.0);
+                if (r < nv && live) {
+                    uu = uin[ii] - (acc + rs_u[r * RCQ + cq]);
+                    let at = (t0 + r) * hk + h * p.dk + col;
+                    u[at] = uu.x;
+                    u[at + 1u] = uu.y;
+                    u[at + 2u] = uu.z;
+                    u[at + 3u] = uu.w;
+                }
+                rs_u[r * RCQ + cq] = uu;
+            }
+        }
+        s0 *= dec.x;
+        s1 *= dec.y;
+        s2 *= dec.z;
+        s3 *= dec.w;
+        // S stages: kg rows s RKR .. + RKR - 1 (zero past the end, so a constant trip count).
+        for (var s = 0u; s < nss; s++) {
+            for (var i = 0u; i < 4u; i++) {
+                rs_a[lid + i * RWG] = pf[i];
+            }
+            workgroupBarrier();
+            if (s + 1u < nss) {
+                pf = rs_fetch(n, nsu + s + 1u, nsu, h, lid);
+            } else {
+                pf = rs_fetch(n + 1u, 0u, nsu, h, lid);
+            }
+            let rb = s * RKR;
+            for (var r = 0u; r < RKR; r += 2u) {
+                let k0 = rs_a[r * 32u + chg];
+                let k1 = rs_a[(r + 1u) * 32u + chg];
+                let u0 = rs_u[(rb + r) * RCQ + cq];
+                let u1 = rs_u[(rb + r + 1u) * RCQ + cq];
+                s0 += k0.x * u0 + k1.x * u1;
+                s1 += k0.y * u0 + k1.y * u1;
+                s2 += k0.z * u0 + k1.z * u1;
+                s3 += k0.w * u0 + k1.w * u1;
+            }
+            workgroupBarrier();
+        }
+    }
+    if (own) {
+        let at = h * kv + ch * p.dk + col;
+        state[at] = s0.x;
+        state[at + 1u] = s0.y;
+        state[at + 2u] = s0.z;
+        state[at + 3u] = s0.w;
+        let a1 = at + p.dk;
+        state[a1] = s1.x;
+        state[a1 + 1u] = s1.y;
+        state[a1 + 2u] = s1.z;
+        state[a1 + 3u] = s1.w;
+        let a2 = at + 2u * p.dk;
+        state[a2] = s2.x;
+        state[a2 + 1u] = s2.y;
+        state[a2 + 2u] = s2.z;
+        state[a2 + 3u] = s2.w;
+        let a3 = at + 3u * p.dk;
+        state[a3] = s3.x;
+        state[a3 + 1u] = s3.y;
+        state[a3 + 2u] = s3.z;
+        state[a3 + 3u] = s3.w;
     }
 }
 

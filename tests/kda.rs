@@ -246,10 +246,10 @@ fn prefill_matches_reference() {
     }
 }
 
-/// Both state-pass kernels, forced (on lavapipe, which reports 32 KiB of workgroup memory
-/// but runs more, the default is the 20 KB one and the 41 KB one runs only here): T across
-/// chunk edges, K = 16, 64, 128 (and 256 for the narrow kernel), both gates, with and without
-/// an initial state.
+/// Every state-pass kernel, forced (on lavapipe, which reports 32 KiB of workgroup memory
+/// but runs more, the default is Reg and the 41 KB one runs only here): T across chunk
+/// edges, K = 16, 48, 64, 80, 128 (48, 80: 32-column tiles half empty; 256 for the narrow
+/// kernel), both gates, with and without an initial state.
 #[test]
 fn prefill_state_variants_match_reference() {
     let Some(gpu) = support::gpu() else { return };
@@ -257,7 +257,7 @@ fn prefill_state_variants_match_reference() {
     let mut worst: f64 = 0.0;
     for sv in StateVariant::ALL {
         for t in [17, 64, 65, 200] {
-            for k in [16, 64, 128, 256] {
+            for k in [16, 48, 64, 80, 128, 256] {
                 for (gate, init) in [(BOUNDED, false), (BOUNDED, true), (KdaGate::Softplus, false), (KdaGate::Softplus, true)] {
                     seed += 1;
                     let core = random_core(seed, t, 2, k, gate, init);
@@ -278,20 +278,21 @@ fn prefill_state_variants_match_reference() {
     assert!(!StateVariant::Staged.supports(&big));
 }
 
-/// The prefill picks its kernels by the adapter's workgroup memory: the intra kernels fit
-/// 32 KiB (Metal, DX12) and so run everywhere; the staged state pass only where its 41 KB
-/// fit (NVIDIA, AMD Vulkan; not lavapipe's reported 32 KiB) and K <= 128.
+/// The prefill picks its kernels by the adapter's workgroup memory: the intra kernels and the
+/// register-tile state pass fit 32 KiB (Metal, DX12) and so run everywhere; the staged state
+/// pass only where its 41 KB fit (NVIDIA, AMD Vulkan; not lavapipe's reported 32 KiB), Reg
+/// otherwise, both for K <= 128.
 #[test]
 fn prefill_kernels_by_workgroup_memory() {
     let Some(gpu) = support::gpu() else { return };
     let p = &gpu.pipelines;
-    for kern in [kda::KDA_CHUNK_INTRA, kda::KDA_CHUNK_INTRA_H, kda::KDA_CHUNK_STATE16, kda::KDA_CHUNK_OUT] {
+    for kern in [kda::KDA_CHUNK_INTRA, kda::KDA_CHUNK_INTRA_H, kda::KDA_CHUNK_STATE16, kda::KDA_CHUNK_STATE_R, kda::KDA_CHUNK_OUT] {
         let b = p.workgroup_bytes(&kern).expect("measure");
         assert!(b <= 32 * 1024, "{}: {b} bytes", kern.name);
     }
     let staged_fits = p.fits(&gpu, &kda::KDA_CHUNK_STATE).expect("measure");
     assert_eq!(staged_fits, gpu.caps.max_workgroup_storage >= p.workgroup_bytes(&kda::KDA_CHUNK_STATE).unwrap());
-    for (k, want) in [(64, if staged_fits { StateVariant::Staged } else { StateVariant::Narrow }), (256, StateVariant::Narrow)] {
+    for (k, want) in [(64, if staged_fits { StateVariant::Staged } else { StateVariant::Reg }), (256, StateVariant::Narrow)] {
         let geom = KdaGeom { heads: 2, head_dim: k, taps: 4, gate: BOUNDED, post_conv: false };
         assert_eq!(StateVariant::default_for(&gpu, &geom).expect("choose"), want, "K={k}");
     }
