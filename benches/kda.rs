@@ -298,9 +298,21 @@ fn main() -> anyhow::Result<()> {
     paths.sort_by_key(|p| *p != ChunkPath::Simt);
     let mut t_best = f64::INFINITY;
     let mut simt_out: Option<(Vec<f32>, Vec<f32>)> = None;
+    // One run of `record` (which starts from S0 = 0): all heads' o and final state, and their
+    // (rel L2, max) errors against the f64 reference on the first `check_heads` heads.
+    type Record<'a> = dyn FnMut(&mut wgpu::CommandEncoder, Option<&mut Profiler>) -> Result<(), GpuError> + 'a;
+    let checked_run = |record: &mut Record| -> Result<(Vec<f32>, Vec<f32>, (f64, f64), (f64, f64)), GpuError> {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        record(&mut enc, None)?;
+        gpu.queue.submit([enc.finish()]);
+        let o_all = gpu.read::<f32>(&ot, t_len * p)?;
+        let s_all = gpu.read::<f32>(&state, heads * dk * dk)?;
+        let o_sub: Vec<f32> = (0..t_len).flat_map(|t| o_all[t * p..t * p + check_heads * dk].to_vec()).collect();
+        let (eo, es) = (errors(&o_sub, &want_o), errors(&s_all[..check_heads * dk * dk], &want_s));
+        Ok((o_all, s_all, eo, es))
+    };
     for path in paths {
         let scratch = ChunkScratch::for_path(&gpu, &geom, t_len, path)?;
-        let zero = vec![0f32; heads * dk * dk];
         let mut record = |enc: &mut wgpu::CommandEncoder, mut prof: Option<&mut Profiler>| -> Result<(), GpuError> {
             enc.clear_buffer(&state, 0, None);
             kda::prep(&gpu, enc, &geom, t_len, 0, &inp, &ring, &pre, prof.as_deref_mut())?;
@@ -327,15 +339,7 @@ fn main() -> anyhow::Result<()> {
             }
         }
         // Errors: one more run from S0 = 0, against the CPU reference on the first heads.
-        gpu.queue.write_buffer(&state, 0, bytemuck::cast_slice(&zero));
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        record(&mut enc, None)?;
-        gpu.queue.submit([enc.finish()]);
-        let o_all = gpu.read::<f32>(&ot, t_len * p)?;
-        let s_all = gpu.read::<f32>(&state, heads * dk * dk)?;
-        let o_sub: Vec<f32> = (0..t_len).flat_map(|t| o_all[t * p..t * p + check_heads * dk].to_vec()).collect();
-        let (eo, mo) = errors(&o_sub, &want_o);
-        let (es, ms) = errors(&s_all[..check_heads * dk * dk], &want_s);
+        let (o_all, s_all, (eo, mo), (es, ms)) = checked_run(&mut record)?;
         println!("    vs f64 reference ({check_heads} heads): o rel L2 {eo:.2e} (max {mo:.2e}), final state rel L2 {es:.2e} (max {ms:.2e})");
         note(&mut extra, &format!("prefill_{path:?}_o_rel_l2"), eo);
         note(&mut extra, &format!("prefill_{path:?}_state_rel_l2"), es);
@@ -374,14 +378,7 @@ fn main() -> anyhow::Result<()> {
                 prof.collect(&gpu)?;
                 state_us = prof.report().iter().filter(|op| op.label.starts_with("kda_chunk_state")).map(|op| op.total_ns / 1e3).sum();
             }
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            record(&mut enc, None)?;
-            gpu.queue.submit([enc.finish()]);
-            let o_all = gpu.read::<f32>(&ot, t_len * p)?;
-            let s_all = gpu.read::<f32>(&state, heads * dk * dk)?;
-            let o_sub: Vec<f32> = (0..t_len).flat_map(|t| o_all[t * p..t * p + check_heads * dk].to_vec()).collect();
-            let (eo, _) = errors(&o_sub, &want_o);
-            let (es, _) = errors(&s_all[..check_heads * dk * dk], &want_s);
+            let (_, _, (eo, _), (es, _)) = checked_run(&mut record)?;
             println!("      [{sv:?}] prefill {:>9.1} us, state pass {state_us:>8.1} us; vs f64: o {eo:.2e}, state {es:.2e}", t_sv * 1e6);
             note(&mut extra, &format!("prefill_state_{sv:?}_us"), t_sv * 1e6);
             note(&mut extra, &format!("prefill_state_{sv:?}_state_us"), state_us);

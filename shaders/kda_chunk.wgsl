@@ -812,6 +812,9 @@ fn rs_fetch(n: u32, s: u32, nsu: u32, h: u32, lid: u32) -> array<vec4<f32>, 4> {
     return out;
 }
 
+#include "lib/store_tile4.wgsl" DST=hs store_tile4=store_tile4_hs
+#include "lib/store_tile4.wgsl" DST=state store_tile4=store_tile4_state
+
 @compute @workgroup_size(RWG)
 fn kda_chunk_state_r(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -862,26 +865,7 @@ fn kda_chunk_state_r(
         rs_a[(ch + 2u) * RCQ + cq] = s2;
         rs_a[(ch + 3u) * RCQ + cq] = s3;
         if (own) {
-            let at = (n * p.heads + h) * kv + ch * p.dk + col;
-            hs[at] = s0.x;
-            hs[at + 1u] = s0.y;
-            hs[at + 2u] = s0.z;
-            hs[at + 3u] = s0.w;
-            let a1 = at + p.dk;
-            hs[a1] = s1.x;
-            hs[a1 + 1u] = s1.y;
-            hs[a1 + 2u] = s1.z;
-            hs[a1 + 3u] = s1.w;
-            let a2 = at + 2u * p.dk;
-            hs[a2] = s2.x;
-            hs[a2 + 1u] = s2.y;
-            hs[a2 + 2u] = s2.z;
-            hs[a2 + 3u] = s2.w;
-            let a3 = at + 3u * p.dk;
-            hs[a3] = s3.x;
-            hs[a3 + 1u] = s3.y;
-            hs[a3 + 2u] = s3.z;
-            hs[a3 + 3u] = s3.w;
+            store_tile4_hs((n * p.heads + h) * kv + ch * p.dk + col, p.dk, s0, s1, s2, s3);
         }
         var acc0 = vec4<f32>(0.0);
         var acc1 = vec4<f32>(0.0);
@@ -995,26 +979,7 @@ fn kda_chunk_state_r(
         }
     }
     if (own) {
-        let at = h * kv + ch * p.dk + col;
-        state[at] = s0.x;
-        state[at + 1u] = s0.y;
-        state[at + 2u] = s0.z;
-        state[at + 3u] = s0.w;
-        let a1 = at + p.dk;
-        state[a1] = s1.x;
-        state[a1 + 1u] = s1.y;
-        state[a1 + 2u] = s1.z;
-        state[a1 + 3u] = s1.w;
-        let a2 = at + 2u * p.dk;
-        state[a2] = s2.x;
-        state[a2 + 1u] = s2.y;
-        state[a2 + 2u] = s2.z;
-        state[a2 + 3u] = s2.w;
-        let a3 = at + 3u * p.dk;
-        state[a3] = s3.x;
-        state[a3 + 1u] = s3.y;
-        state[a3 + 2u] = s3.z;
-        state[a3 + 3u] = s3.w;
+        store_tile4_state(h * kv + ch * p.dk + col, p.dk, s0, s1, s2, s3);
     }
 }
 
