@@ -34,35 +34,53 @@ fn bytes_read(cfg: &ModelConfig) -> BTreeMap<(usize, &'static str), f64> {
 }
 
 /// Per-scope GPU time against its floor, and the full 93-layer K3.1 extrapolated from the
-/// mean time of each layer kind: ((GPU us, floor us) per token, JSON rows).
+/// time of each layer kind (layer 0 once, the mean of the others for the rest): ((GPU us,
+/// floor us) per token, JSON rows).
 fn extrapolate(cfg: &ModelConfig, copy: f64, per_scope: &[k31_engine::gpu::OpTime], steps: f64) -> anyhow::Result<((f64, f64), Vec<serde_json::Value>)> {
     let bytes = bytes_read(cfg);
     let mut rows = Vec::new();
-    let mut by_kind: BTreeMap<String, (f64, f64, usize)> = BTreeMap::new();
+    // Per kind: (layer, GPU us, floor us) of every layer part of that kind.
+    let mut by_kind: BTreeMap<String, Vec<(Option<usize>, f64, f64)>> = BTreeMap::new();
     println!("{:<28} {:>10} {:>10} {:>8}", "layer part", "GPU us", "floor us", "x floor");
     for op in per_scope {
         let us = op.total_ns / steps / 1e3;
-        let (floor_us, kind) = match op.label.strip_prefix("layer").and_then(|r| r.split_once('.')) {
+        let (floor_us, kind, layer) = match op.label.strip_prefix("layer").and_then(|r| r.split_once('.')) {
             Some((l, rest)) => {
                 let l: usize = l.parse().unwrap_or(0);
                 let part = if rest.starts_with("mixer") { "mixer" } else { "ffn" };
-                (bytes.get(&(l, part)).copied().unwrap_or(0.0) / copy * 1e6, rest.to_string())
+                (bytes.get(&(l, part)).copied().unwrap_or(0.0) / copy * 1e6, rest.to_string(), Some(l))
             }
             // The head reads lm_head; the embedding one row.
-            None if op.label == "head" => ((cfg.vocab_size * cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone()),
-            None => ((cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone()),
+            None if op.label == "head" => ((cfg.vocab_size * cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone(), None),
+            None => ((cfg.hidden_size * 2) as f64 / copy * 1e6, op.label.clone(), None),
         };
         println!("{:<28} {:>10.1} {:>10.1} {:>8.2}", op.label, us, floor_us, if floor_us > 0.0 { us / floor_us } else { 0.0 });
-        let e = by_kind.entry(kind).or_insert((0.0, 0.0, 0));
-        e.0 += us;
-        e.1 += floor_us;
-        e.2 += 1;
+        by_kind.entry(kind).or_default().push((layer, us, floor_us));
         rows.push(serde_json::json!({"scope": op.label, "gpu_us": us, "floor_us": floor_us}));
     }
     // Extrapolate to the full K3.1: per-type mean times x the counts of the real schedule.
     let full = ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?;
     let count = |m: k31_engine::config::Mixer| full.count_mixer(m) as f64;
-    let mean = |k: &str| by_kind.get(k).map(|(us, fl, n)| (us / *n as f64, fl / *n as f64));
+    // n layers of a kind: layer 0's part counted once as itself (it also holds the first
+    // input norm, ~10 us), the other n - 1 as the mean of the slice's other layers of the kind.
+    let extrapolated = |k: &str, n: f64| -> Option<(f64, f64)> {
+        let parts = by_kind.get(k)?;
+        let mean = |ps: &[&(Option<usize>, f64, f64)]| {
+            let m = ps.len().max(1) as f64;
+            (ps.iter().map(|p| p.1).sum::<f64>() / m, ps.iter().map(|p| p.2).sum::<f64>() / m)
+        };
+        let (first, rest): (Vec<_>, Vec<_>) = parts.iter().partition(|p| p.0 == Some(0));
+        Some(match (first.first(), rest.is_empty()) {
+            (Some(f), false) => {
+                let (us, fl) = mean(&rest);
+                (f.1 + us * (n - 1.0), f.2 + fl * (n - 1.0))
+            }
+            _ => {
+                let (us, fl) = mean(&parts.iter().collect::<Vec<_>>());
+                (us * n, fl * n)
+            }
+        })
+    };
     let mut total = (0.0, 0.0);
     for (kind, n) in [
         ("mixer.kda", count(k31_engine::config::Mixer::Kda)),
@@ -72,10 +90,10 @@ fn extrapolate(cfg: &ModelConfig, copy: f64, per_scope: &[k31_engine::gpu::OpTim
         ("head", 1.0),
         ("embed", 1.0),
     ] {
-        if let Some((us, fl)) = mean(kind) {
-            total.0 += us * n;
-            total.1 += fl * n;
-            println!("full K3.1: {kind:<14} x {n:>3}: {:>9.1} us (floor {:>9.1} us)", us * n, fl * n);
+        if let Some((us, fl)) = extrapolated(kind, n) {
+            total.0 += us;
+            total.1 += fl;
+            println!("full K3.1: {kind:<14} x {n:>3}: {us:>9.1} us (floor {fl:>9.1} us)");
         }
     }
     Ok((total, rows))
