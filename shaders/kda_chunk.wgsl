@@ -494,10 +494,12 @@ fn kda_chunk_intra(
             rb = p4_fetch(st + 1u, nmb, nsl, t0, nv, hk, h, glast, lid);
         }
         if (ra >= mb) {
-            // M's rows r0 .. r0 + 3 over the block's 16 columns (zero above the diagonal in
-            // the diagonal block), 4 columns per step as vec4s.
+            // M's rows r0 .. r0 + 3 over the block's 16 columns, 4 columns per step as vec4s;
+            // in the diagonal block only up to column r0 + 3 (M is zero above the diagonal):
+            // intra 3.53 -> 3.41 ms on the H200 against the constant trip count of 4.
             let mq0 = pb(ra, mb) / 4u + (r0 % SUB) * 4u;
-            for (var mq = 0u; mq < 4u; mq++) {
+            let mqe = select(4u, (r0 % SUB) / 4u + 1u, ra == mb);
+            for (var mq = 0u; mq < mqe; mq++) {
                 let b0 = sh[SH_B + mq * 64u + j];
                 let b1 = sh[SH_B + mq * 64u + 16u + j];
                 let b2 = sh[SH_B + mq * 64u + 32u + j];
