@@ -4,17 +4,17 @@
 //                     diagonal blocks, the first row of the row's sub-chunk as reference off the
 //                     diagonal; never e^-Gamma alone; each thread one element of every block,
 //                     channels staged 8 at a time as vec4 quads), M = (I + diag(beta) A_kk)^-1 blockwise
-//                     (in place: 32 KiB of workgroup memory, within Metal's and DX12's limit),
-//                     then [w | u] = (M diag(beta)) [K e^Gamma | V] as a register-tiled product
-//                     (4x4 per thread, 64-column slices staged); qg = q e^Gamma and kg = k
-//                     e^(Gamma_last - Gamma) on the way.
+//                     in place on the ten lower blocks (packed), then [w | u] = (M diag(beta))
+//                     [K e^Gamma | V] as a register-tiled product (4x4 per thread, 64-column
+//                     slices staged 16 rows at a time); qg = q e^Gamma and kg = k e^(Gamma_last -
+//                     Gamma) on the way. 14 KiB of workgroup memory, one array reused by phase.
 //   kda_chunk_state:  per (head, tile of SBV value columns), sequential over chunks: keep S_n
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
 //                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
 //                     (4 channels x 2 columns per thread). kda_chunk_state_r: the same with S in
 //                     registers, 16 columns per workgroup, 16 KiB (where the 41 KB one does not fit).
-// In intra (phase 1), state and out the next staged slice's global loads are issued before the
+// In intra (phases 1 and 4), state and out the next staged slice's global loads are issued before the
 // current slice is used (one slice in flight in registers).
 // Inner loops run a constant trip count (tiles zero-filled past K and past the last row), 4
 // steps at a time with the loads first. Workgroup memory stays below 48 KiB per kernel
@@ -107,73 +107,72 @@ fn kda_chunk_cumsum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 
 // ---------------------------------------------------------------------------------------
 // kda_chunk_intra
-// Phase 1 staging in sh_p: [4 channel quads, 64 rows] of vec4 per operand (quad-major, so a
-// row's 4 channels are one vec4 load and consecutive rows are consecutive vec4s).
+// One workgroup array `sh` (14 KiB), reused by phase. On the H200 (Vulkan) the declared size
+// sets how many workgroups share an SM: this kernel took 3.53 ms at T = 8192 x 96 heads with
+// 14 or 16 KiB, 4.44 ms padded to 20 KiB and 4.35 ms padded to 32 KiB. The phases:
+//   phase 1: one staged 8-channel slice (2 channel quads), 768 vec4, layout below;
+//   phases 2-3: A = diag(beta) A_kk, then M = (I + A)^-1 in place, as the ten lower 16x16
+//     blocks packed (block (a, b), b <= a, row-major at scalar pb(a, b)): 640 vec4; the
+//     inverse's block products T [3, 16, 16] after them (SH_T, 192 vec4);
+//   phase 4: M (packed) and one staged 16-row block of the right-hand side (SH_B, 256 vec4).
+// Phase 1 staging: per operand [2 channel quads, rows] of vec4 (quad-major, so a row's 4
+// channels are one vec4 load and consecutive rows are consecutive vec4s).
 const KS: u32 = 8u;          // channels per staged slice (2 quads)
-const P_TK: u32 = 0u;        // k
-const P_TQ: u32 = 128u;      // q
-const P_TG: u32 = 256u;      // Gamma
-const P_LK: u32 = 384u;      // k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
-const P_LQ: u32 = 512u;      // q_r e^(Gamma_r - Gamma_n(r))
-const P_RK: u32 = 640u;      // [3, 2, 64] k_j e^(Gamma_n - Gamma_j), n = 16, 32, 48, j < n
-// sh_p: the phase-1 staging, then (scalar view) M = (I + A)^-1 [C, C] (row-major, stride C).
-// M's blocks above the diagonal are zero and never read, so they hold the inverse's block
-// products T (at t_at) instead of a third array.
-var<workgroup> sh_p: array<vec4<f32>, 1024>;
-// sh_a: A = diag(beta) A_kk [C, C] (scalar view) during the inverse, then the staged right-hand
-// side [C rows, 16 column quads] of [w | u] = M B.
-var<workgroup> sh_a: array<vec4<f32>, 1024>;
-// Both 16 KiB: 32 KiB in all. beta is read from global memory (5 values per thread) rather
-// than staged, which would take the kernel past Metal's and DX12's 32 KiB.
+const P_TK: u32 = 0u;        // [2, 64] k
+const P_TQ: u32 = 128u;      // [2, 64] q
+const P_TG: u32 = 256u;      // [2, 64] Gamma
+const P_LK: u32 = 384u;      // [2, 48] rows 16..63: k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
+const P_LQ: u32 = 480u;      // [2, 48] rows 16..63: q_r e^(Gamma_r - Gamma_n(r))
+const P_RK: u32 = 576u;      // for n = 16 a, a = 1, 2, 3: [2, n] k_j e^(Gamma_n - Gamma_j), j < n, at P_RK + 16 a (a - 1)
+const SH_T: u32 = 640u;      // T of the inverse [3, 16, 16] (vec4 index)
+const SH_B: u32 = 640u;      // phase 4's staged right-hand side block [16 rows, 16 column quads]
+var<workgroup> sh: array<vec4<f32>, 896>;
 
-fn a_get(e: u32) -> f32 {
-    return sh_a[e >> 2u][e & 3u];
+fn s_get(e: u32) -> f32 {
+    return sh[e >> 2u][e & 3u];
 }
 
-fn a_set(e: u32, x: f32) {
-    sh_a[e >> 2u][e & 3u] = x;
+fn s_set(e: u32, x: f32) {
+    sh[e >> 2u][e & 3u] = x;
 }
 
-fn m_get(e: u32) -> f32 {
-    return sh_p[e >> 2u][e & 3u];
-}
-
-fn m_set(e: u32, x: f32) {
-    sh_p[e >> 2u][e & 3u] = x;
-}
-
-// Element e of T [3, 16, 16] (block b of T = M's block (0, b + 1), rows 0..15 above the diagonal).
-fn t_at(e: u32) -> u32 {
-    return ((e / SUB) % SUB) * C + (e / (SUB * SUB) + 1u) * SUB + e % SUB;
+// Scalar offset of packed block (a, b), b <= a.
+fn pb(a: u32, b: u32) -> u32 {
+    return (a * (a + 1u) / 2u + b) * SUB * SUB;
 }
 
 // (k_i . kj', q_i . kj') over one channel quad (base = quad * 64) with kj' = k_j e^(Gamma_i -
 // Gamma_j) of one diagonal-block pair; the exponent is clamped at 0 (pairs j > i are masked).
 fn diag_pair(base: u32, ri: u32, rj: u32) -> vec2<f32> {
-    let kj = sh_p[P_TK + base + rj] * exp(min(sh_p[P_TG + base + ri] - sh_p[P_TG + base + rj], vec4<f32>(0.0)));
-    return vec2<f32>(dot(sh_p[P_TK + base + ri], kj), dot(sh_p[P_TQ + base + ri], kj));
+    let kj = sh[P_TK + base + rj] * exp(min(sh[P_TG + base + ri] - sh[P_TG + base + rj], vec4<f32>(0.0)));
+    return vec2<f32>(dot(sh[P_TK + base + ri], kj), dot(sh[P_TQ + base + ri], kj));
 }
 
-fn off_pair(lk: vec4<f32>, lq: vec4<f32>, a: u32, base: u32, j: u32) -> vec2<f32> {
-    let rk = sh_p[P_RK + (a - 1u) * 128u + base + j];
+fn off_pair(lk: vec4<f32>, lq: vec4<f32>, at: u32) -> vec2<f32> {
+    let rk = sh[at];
     return vec2<f32>(dot(lk, rk), dot(lq, rk));
 }
 
-// Block (a, b) of A_kk (scaled by `br`, beta of row 16 a + i, into sh_a) and A_qk (global, or
-// staged in sh_p for packing) from thread (i, j)'s accumulator `x` = (kk, qk); `diag`: a == b
-// (mask j < i / j <= i), `zero`: b > a.
-fn put_block(a: u32, b: u32, i: u32, j: u32, x: vec2<f32>, nv: u32, abase: u32, br: f32) {
+// Element (i, j) of block (a, b) of A_kk, scaled by `br` (beta of row 16 a + i), into the
+// packed A (b <= a; strictly lower, 0 past the last row).
+fn put_kk(a: u32, b: u32, i: u32, j: u32, x: f32, nv: u32, br: f32) {
+    let ok = a * SUB + i < nv && (b < a || j < i);
+    s_set(pb(a, b) + i * SUB + j, select(0.0, br * x, ok));
+}
+
+// Element (i, j) of block (a, b) of A_qk (lower with the diagonal, zero above the diagonal
+// blocks and past the last row): to global memory, or (HALF_OUT) the lower blocks into the
+// packed area to leave as f16 pairs.
+fn put_qk(a: u32, b: u32, i: u32, j: u32, x: f32, nv: u32, abase: u32) {
     let r = a * SUB + i;
-    let c = b * SUB + j;
-    let live = r < nv && b <= a;
-    let kk_ok = live && (b < a || j < i);
-    let qk_ok = live && (b < a || j <= i);
-    a_set(r * C + c, select(0.0, br * x.x, kk_ok));
-    let qv = select(0.0, x.y, qk_ok);
+    let ok = r < nv && b <= a && (b < a || j <= i);
+    let qv = select(0.0, x, ok);
     if (HALF_OUT) {
-        m_set(r * C + c, qv);
+        if (b <= a) {
+            s_set(pb(a, b) + i * SUB + j, qv);
+        }
     } else {
-        aqk[abase + r * C + c] = qv;
+        aqk[abase + r * C + b * SUB + j] = qv;
     }
 }
 
@@ -216,6 +215,36 @@ fn p1_fetch(c0: u32, t0: u32, nv: u32, hk: u32, h: u32, lid: u32) -> P1Raw {
     return x;
 }
 
+// The global loads of one phase-4 step (slice s = st / nmb of 64 columns, row block mb = st %
+// nmb): thread (row 16 mb + lid / 16, column quad lid % 16) loads k, Gamma, q and Gamma of the
+// last row (w slices) or v (in `k`, u slices).
+struct P4Raw {
+    k: vec4<f32>,
+    g: vec4<f32>,
+    q: vec4<f32>,
+    gl: vec4<f32>,
+}
+
+fn p4_fetch(st: u32, nmb: u32, nsl: u32, t0: u32, nv: u32, hk: u32, h: u32, glast: u32, lid: u32) -> P4Raw {
+    var x: P4Raw;
+    let s = st / nmb;
+    let isk = s < nsl;
+    let m = (st % nmb) * SUB + lid / 16u;
+    let col = select(s - nsl, s, isk) * 64u + 4u * (lid % 16u);
+    if (m < nv && col < p.dk) {
+        let at = (t0 + m) * hk + h * p.dk + col;
+        if (isk) {
+            x.k = vec4<f32>(k[at], k[at + 1u], k[at + 2u], k[at + 3u]);
+            x.g = gam4(at);
+            x.q = vec4<f32>(q[at], q[at + 1u], q[at + 2u], q[at + 3u]);
+            x.gl = gam4(glast + col);
+        } else {
+            x.k = vec4<f32>(v[at], v[at + 1u], v[at + 2u], v[at + 3u]);
+        }
+    }
+    return x;
+}
+
 fn beta_row(t0: u32, nv: u32, h: u32, r: u32) -> f32 {
     return select(0.0, beta[(t0 + min(r, nv - 1u)) * p.heads + h], r < nv);
 }
@@ -238,11 +267,10 @@ fn kda_chunk_intra(
     // Phase 1: thread (i, j) accumulates element (16a + i, 16b + j) of every lower block (a, b).
     let i = lid / SUB;
     let j = lid % SUB;
-    // beta of the thread's block rows i, 16 + i, 32 + i, 48 + i (phase 2) and of its column
-    // lid % C of M (phase 3's end); 0 past the last row.
+    // beta of rows i, 16 + i, 32 + i, 48 + i (the thread's block rows in phase 2, its staged
+    // rows in phase 4); 0 past the last row.
     let bet = vec4<f32>(beta_row(t0, nv, h, i), beta_row(t0, nv, h, SUB + i), beta_row(t0, nv, h, 2u * SUB + i),
         beta_row(t0, nv, h, 3u * SUB + i));
-    let bcol = beta_row(t0, nv, h, lid % C);
     var d0 = vec2<f32>(0.0);
     var d1 = vec2<f32>(0.0);
     var d2 = vec2<f32>(0.0);
@@ -262,29 +290,25 @@ fn kda_chunk_intra(
             let kx = raw.k;
             let qx = raw.q;
             let gx = raw.g;
-            // Both exponents below are <= 0 for valid rows (Gamma is non-increasing).
-            let sc = exp(gx - raw.gn);
             let s = cq * 64u + r;
-            sh_p[P_TK + s] = kx;
-            sh_p[P_TQ + s] = qx;
-            sh_p[P_TG + s] = gx;
-            sh_p[P_LK + s] = kx * sc;
-            sh_p[P_LQ + s] = qx * sc;
-            var v1 = vec4<f32>(0.0);
-            var v2 = vec4<f32>(0.0);
-            var v3 = vec4<f32>(0.0);
-            if (r < SUB && SUB < nv) {
-                v1 = kx * exp(raw.g1 - gx);
+            sh[P_TK + s] = kx;
+            sh[P_TQ + s] = qx;
+            sh[P_TG + s] = gx;
+            if (r >= SUB) {
+                // Both exponents here are <= 0 for valid rows (Gamma is non-increasing).
+                let sc = exp(gx - raw.gn);
+                sh[P_LK + cq * 48u + r - SUB] = kx * sc;
+                sh[P_LQ + cq * 48u + r - SUB] = qx * sc;
             }
-            if (r < 2u * SUB && 2u * SUB < nv) {
-                v2 = kx * exp(raw.g2 - gx);
+            if (r < SUB) {
+                sh[P_RK + cq * SUB + r] = select(vec4<f32>(0.0), kx * exp(raw.g1 - gx), SUB < nv);
             }
-            if (r < 3u * SUB && 3u * SUB < nv) {
-                v3 = kx * exp(raw.g3 - gx);
+            if (r < 2u * SUB) {
+                sh[P_RK + 32u + cq * 2u * SUB + r] = select(vec4<f32>(0.0), kx * exp(raw.g2 - gx), 2u * SUB < nv);
             }
-            sh_p[P_RK + s] = v1;
-            sh_p[P_RK + 128u + s] = v2;
-            sh_p[P_RK + 256u + s] = v3;
+            if (r < 3u * SUB) {
+                sh[P_RK + 96u + cq * 3u * SUB + r] = select(vec4<f32>(0.0), kx * exp(raw.g3 - gx), 3u * SUB < nv);
+            }
         }
         workgroupBarrier();
         raw = p1_fetch(c0 + KS, t0, nv, hk, h, lid);
@@ -294,205 +318,239 @@ fn kda_chunk_intra(
             d1 += diag_pair(base, SUB + i, SUB + j);
             d2 += diag_pair(base, 2u * SUB + i, 2u * SUB + j);
             d3 += diag_pair(base, 3u * SUB + i, 3u * SUB + j);
-            let lk1 = sh_p[P_LK + base + SUB + i];
-            let lq1 = sh_p[P_LQ + base + SUB + i];
-            let lk2 = sh_p[P_LK + base + 2u * SUB + i];
-            let lq2 = sh_p[P_LQ + base + 2u * SUB + i];
-            let lk3 = sh_p[P_LK + base + 3u * SUB + i];
-            let lq3 = sh_p[P_LQ + base + 3u * SUB + i];
-            o10 += off_pair(lk1, lq1, 1u, base, j);
-            o20 += off_pair(lk2, lq2, 2u, base, j);
-            o21 += off_pair(lk2, lq2, 2u, base, SUB + j);
-            o30 += off_pair(lk3, lq3, 3u, base, j);
-            o31 += off_pair(lk3, lq3, 3u, base, SUB + j);
-            o32 += off_pair(lk3, lq3, 3u, base, 2u * SUB + j);
+            let lb = cq * 48u + i;
+            let lk1 = sh[P_LK + lb];
+            let lq1 = sh[P_LQ + lb];
+            let lk2 = sh[P_LK + lb + SUB];
+            let lq2 = sh[P_LQ + lb + SUB];
+            let lk3 = sh[P_LK + lb + 2u * SUB];
+            let lq3 = sh[P_LQ + lb + 2u * SUB];
+            let r1 = P_RK + cq * SUB + j;
+            let r2 = P_RK + 32u + cq * 2u * SUB + j;
+            let r3 = P_RK + 96u + cq * 3u * SUB + j;
+            o10 += off_pair(lk1, lq1, r1);
+            o20 += off_pair(lk2, lq2, r2);
+            o21 += off_pair(lk2, lq2, r2 + SUB);
+            o30 += off_pair(lk3, lq3, r3);
+            o31 += off_pair(lk3, lq3, r3 + SUB);
+            o32 += off_pair(lk3, lq3, r3 + 2u * SUB);
         }
         workgroupBarrier();
     }
-    // Phase 2: A = diag(beta) A_kk (strictly lower) into sh_a, A_qk (lower, with diagonal) out;
-    // every block is written (zeros above the diagonal blocks and in rows past the end).
+    // Phase 2: A_qk (lower, with diagonal) out, every block (zeros above the diagonal blocks
+    // and in rows past the end); A = diag(beta) A_kk (strictly lower) into the packed blocks.
     let abase = id * C * C;
-    let z = vec2<f32>(0.0);
-    put_block(0u, 0u, i, j, d0, nv, abase, bet[0]);
-    put_block(0u, 1u, i, j, z, nv, abase, bet[0]);
-    put_block(0u, 2u, i, j, z, nv, abase, bet[0]);
-    put_block(0u, 3u, i, j, z, nv, abase, bet[0]);
-    put_block(1u, 0u, i, j, o10, nv, abase, bet[1]);
-    put_block(1u, 1u, i, j, d1, nv, abase, bet[1]);
-    put_block(1u, 2u, i, j, z, nv, abase, bet[1]);
-    put_block(1u, 3u, i, j, z, nv, abase, bet[1]);
-    put_block(2u, 0u, i, j, o20, nv, abase, bet[2]);
-    put_block(2u, 1u, i, j, o21, nv, abase, bet[2]);
-    put_block(2u, 2u, i, j, d2, nv, abase, bet[2]);
-    put_block(2u, 3u, i, j, z, nv, abase, bet[2]);
-    put_block(3u, 0u, i, j, o30, nv, abase, bet[3]);
-    put_block(3u, 1u, i, j, o31, nv, abase, bet[3]);
-    put_block(3u, 2u, i, j, o32, nv, abase, bet[3]);
-    put_block(3u, 3u, i, j, d3, nv, abase, bet[3]);
-    workgroupBarrier();
-    if (HALF_OUT) {
+    put_qk(0u, 0u, i, j, d0.y, nv, abase);
+    put_qk(1u, 0u, i, j, o10.y, nv, abase);
+    put_qk(1u, 1u, i, j, d1.y, nv, abase);
+    put_qk(2u, 0u, i, j, o20.y, nv, abase);
+    put_qk(2u, 1u, i, j, o21.y, nv, abase);
+    put_qk(2u, 2u, i, j, d2.y, nv, abase);
+    put_qk(3u, 0u, i, j, o30.y, nv, abase);
+    put_qk(3u, 1u, i, j, o31.y, nv, abase);
+    put_qk(3u, 2u, i, j, o32.y, nv, abase);
+    put_qk(3u, 3u, i, j, d3.y, nv, abase);
+    if (!HALF_OUT) {
+        put_qk(0u, 1u, i, j, 0.0, nv, abase);
+        put_qk(0u, 2u, i, j, 0.0, nv, abase);
+        put_qk(0u, 3u, i, j, 0.0, nv, abase);
+        put_qk(1u, 2u, i, j, 0.0, nv, abase);
+        put_qk(1u, 3u, i, j, 0.0, nv, abase);
+        put_qk(2u, 3u, i, j, 0.0, nv, abase);
+    } else {
         // A_qk leaves as f16 pairs (adjacent columns come from different threads: staged).
+        workgroupBarrier();
         for (var e = lid; e < C * C / 2u; e += WG) {
-            aqk16[abase / 2u + e] = pack_f16x2(vec2<f32>(m_get(2u * e), m_get(2u * e + 1u)));
+            let r = 2u * e / C;
+            let c = 2u * e % C;
+            var x = vec2<f32>(0.0);
+            if (c / SUB <= r / SUB) {
+                let at = pb(r / SUB, c / SUB) + (r % SUB) * SUB + c % SUB;
+                x = vec2<f32>(s_get(at), s_get(at + 1u));
+            }
+            aqk16[abase / 2u + e] = pack_f16x2(x);
         }
         workgroupBarrier();
     }
-    // Phase 3: M = (I + A)^-1 (A strictly lower), blockwise in f32 (spec 4.4): the 16x16
-    // diagonal blocks by forward substitution (a column per thread, in registers, 16 terms per
-    // row at a constant trip count: 3 % faster on the H200 than the triangular loop through
-    // workgroup memory), then the blocks at distance d = 1, 2, 3 below
-    // the diagonal: M_ab = -M_aa sum_{m=b}^{a-1} A_am M_mb.
-    for (var e = lid; e < C * C; e += WG) {
-        m_set(e, select(0.0, 1.0, e / C == e % C));
+    put_kk(0u, 0u, i, j, d0.x, nv, bet[0]);
+    put_kk(1u, 0u, i, j, o10.x, nv, bet[1]);
+    put_kk(1u, 1u, i, j, d1.x, nv, bet[1]);
+    put_kk(2u, 0u, i, j, o20.x, nv, bet[2]);
+    put_kk(2u, 1u, i, j, o21.x, nv, bet[2]);
+    put_kk(2u, 2u, i, j, d2.x, nv, bet[2]);
+    put_kk(3u, 0u, i, j, o30.x, nv, bet[3]);
+    put_kk(3u, 1u, i, j, o31.x, nv, bet[3]);
+    put_kk(3u, 2u, i, j, o32.x, nv, bet[3]);
+    put_kk(3u, 3u, i, j, d3.x, nv, bet[3]);
+    workgroupBarrier();
+    // Phase 3: M = (I + A)^-1 (A strictly lower), blockwise in f32 (spec 4.4), in place of A:
+    // the 16x16 diagonal blocks by forward substitution (a column per thread, in registers, 16
+    // terms per row at a constant trip count: 3 % faster on the H200 than the triangular loop
+    // through workgroup memory), then block row a = 1, 2, 3: T_ab = sum_{m=b}^{a-1} A_am M_mb
+    // for every b < a (A's row a is then no longer read), M_ab = -M_aa T_ab over A_ab.
+    var x: array<f32, 16>;
+    let xb = pb(lid / SUB, lid / SUB);
+    if (lid < C) {
+        // Column j of the diagonal block M_aa (x[m] = M[16a + m][16a + j]), every thread
+        // through the same rows (A_aa is strictly lower: zero for m >= ii).
+        x[0] = select(0.0, 1.0, j == 0u);
+        for (var ii = 1u; ii < SUB; ii++) {
+            let ar = (xb + ii * SUB) / 4u;
+            let acc = dot(sh[ar], vec4<f32>(x[0], x[1], x[2], x[3])) + dot(sh[ar + 1u], vec4<f32>(x[4], x[5], x[6], x[7]))
+                + dot(sh[ar + 2u], vec4<f32>(x[8], x[9], x[10], x[11])) + dot(sh[ar + 3u], vec4<f32>(x[12], x[13], x[14], x[15]));
+            x[ii] = select(select(0.0, 1.0, ii == j), -acc, ii > j);
+        }
     }
     workgroupBarrier();
     if (lid < C) {
-        // Column jj of the diagonal block M_aa in registers (x[m] = M[r0 + m][r0 + jj]), every
-        // thread through the same rows (A_aa is strictly lower: zero for m >= ii).
-        let r0 = (lid / SUB) * SUB;
-        let jj = lid % SUB;
-        var x: array<f32, 16>;
-        x[0] = select(0.0, 1.0, jj == 0u);
-        for (var ii = 1u; ii < SUB; ii++) {
-            var acc = 0.0;
-            for (var m = 0u; m < SUB; m++) {
-                acc += a_get((r0 + ii) * C + r0 + m) * x[m];
-            }
-            x[ii] = select(select(0.0, 1.0, ii == jj), -acc, ii > jj);
-        }
-        for (var ii = 1u; ii < SUB; ii++) {
-            if (ii > jj) {
-                m_set((r0 + ii) * C + r0 + jj, x[ii]);
-            }
+        // The whole column: zeros above the diagonal, which phase 4 reads.
+        for (var ii = 0u; ii < SUB; ii++) {
+            s_set(xb + ii * SUB + j, x[ii]);
         }
     }
     workgroupBarrier();
-    for (var d = 1u; d < C / SUB; d++) {
-        let nb = C / SUB - d;
-        for (var e = lid; e < nb * SUB * SUB; e += WG) {
-            let b = e / (SUB * SUB);
-            let a = b + d;
-            let ii = (e / SUB) % SUB;
-            let jj = e % SUB;
+    for (var a = 1u; a < C / SUB; a++) {
+        // T_ab (element (i, j) of each block b < a) into SH_T.
+        for (var b = 0u; b < a; b++) {
             var acc = 0.0;
-            for (var m = b * SUB; m < a * SUB; m++) {
-                acc += a_get((a * SUB + ii) * C + m) * m_get(m * C + b * SUB + jj);
+            for (var mb = b; mb < a; mb++) {
+                let ar = pb(a, mb) / 4u + i * 4u;
+                let mc = pb(mb, b) + j;
+                for (var mq = 0u; mq < 4u; mq++) {
+                    let av = sh[ar + mq];
+                    let e = mc + mq * 64u;
+                    acc += av.x * s_get(e) + av.y * s_get(e + 16u) + av.z * s_get(e + 32u) + av.w * s_get(e + 48u);
+                }
             }
-            m_set(t_at(e), acc);
+            s_set(SH_T * 4u + b * SUB * SUB + i * SUB + j, acc);
         }
         workgroupBarrier();
-        for (var e = lid; e < nb * SUB * SUB; e += WG) {
-            let b = e / (SUB * SUB);
-            let a = b + d;
-            let ii = (e / SUB) % SUB;
-            let jj = e % SUB;
+        let mr = pb(a, a) / 4u + i * 4u;
+        for (var b = 0u; b < a; b++) {
             var acc = 0.0;
-            for (var m = 0u; m <= ii; m++) {
-                acc += m_get((a * SUB + ii) * C + a * SUB + m) * m_get(t_at(b * SUB * SUB + m * SUB + jj));
+            let tc = SH_T * 4u + b * SUB * SUB + j;
+            for (var mq = 0u; mq < 4u; mq++) {
+                let mv = sh[mr + mq];
+                let e = tc + mq * 64u;
+                acc += mv.x * s_get(e) + mv.y * s_get(e + 16u) + mv.z * s_get(e + 32u) + mv.w * s_get(e + 48u);
             }
-            m_set((a * SUB + ii) * C + b * SUB + jj, -acc);
+            s_set(pb(a, b) + i * SUB + j, -acc);
         }
         workgroupBarrier();
     }
-    // M diag(beta): column lid % C of every row (once, instead of scaling each staged slice
-    // of the right-hand side).
-    for (var e = lid; e < C * C; e += WG) {
-        m_set(e, m_get(e) * bcol);
-    }
-    // Phase 4: [w | u] = M' B, M' = M diag(beta), B = [K e^Gamma | V], in slices of 64 columns (first
-    // the K/64 slices of w, then those of u). The staging threads also write qg and kg.
-    // Thread (rg, cg): rows 4 rg .. 4 rg + 3, columns 4 cg .. 4 cg + 3 of the slice.
+    // Phase 4: [w | u] = M diag(beta) B, B = [K e^Gamma | V], in slices of 64 columns (first
+    // the K/64 slices of w, then those of u), each staged in blocks of 16 rows (diag(beta)
+    // applied there) with the next block's loads issued before the current one is used. The
+    // staging threads also write qg and kg. Thread (i, j): rows 4 i .. 4 i + 3 (in row block
+    // ra), columns 4 j .. 4 j + 3 of the slice; row block mb adds M_{ra, mb} B_mb for mb <= ra.
     let glast = (t0 + nv - 1u) * hk + h * p.dk;
     let nsl = (p.dk + 63u) / 64u;
-    let rg = lid / 16u;
-    let cg = lid % 16u;
-    let r0 = 4u * rg;
-    let mend4 = (min(r0 + 4u, nv) + 3u) & ~3u;
-    for (var s = 0u; s < 2u * nsl; s++) {
+    let nmb = (nv + SUB - 1u) / SUB;
+    let nst = 2u * nsl * nmb;
+    let r0 = 4u * i;
+    let ra = lid / 64u;
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var rb = p4_fetch(0u, nmb, nsl, t0, nv, hk, h, glast, lid);
+    for (var st = 0u; st < nst; st++) {
+        let s = st / nmb;
+        let mb = st % nmb;
         let isk = s < nsl;
         let cb = select(s - nsl, s, isk) * 64u;
-        for (var e = lid; e < C * 32u; e += WG) {
-            let m = e / 32u;
-            let c2 = (e % 32u) * 2u;
-            let col = cb + c2;
-            var x = vec2<f32>(0.0);
-            if (m < nv && col < p.dk) {
-                let at = (t0 + m) * hk + h * p.dk + col;
-                if (isk) {
-                    let gr = vec2<f32>(gam[at], gam[at + 1u]);
-                    let kv = vec2<f32>(k[at], k[at + 1u]);
-                    let eg = exp(gr);
-                    x = kv * eg;
-                    let qgv = vec2<f32>(q[at], q[at + 1u]) * eg;
-                    let kgv = kv * exp(vec2<f32>(gam[glast + col], gam[glast + col + 1u]) - gr);
+        {
+            // Stage row 16 mb + i, column quad j (zero past the last row and past K).
+            let m = mb * SUB + i;
+            let col = cb + 4u * j;
+            var xs = rb.k * bet[mb];
+            if (isk) {
+                let eg = exp(rb.g);
+                xs *= eg;
+                if (m < nv && col < p.dk) {
+                    let at = (t0 + m) * hk + h * p.dk + col;
+                    let qgv = rb.q * eg;
+                    let kgv = rb.k * exp(rb.gl - rb.g);
                     if (HALF_OUT) {
-                        qg16[at / 2u] = pack_f16x2(qgv);
-                        kg16[at / 2u] = pack_f16x2(kgv);
+                        qg16[at / 2u] = pack_f16x2(qgv.xy);
+                        qg16[at / 2u + 1u] = pack_f16x2(qgv.zw);
+                        kg16[at / 2u] = pack_f16x2(kgv.xy);
+                        kg16[at / 2u + 1u] = pack_f16x2(kgv.zw);
                     } else {
                         qg[at] = qgv.x;
                         qg[at + 1u] = qgv.y;
+                        qg[at + 2u] = qgv.z;
+                        qg[at + 3u] = qgv.w;
                         kg[at] = kgv.x;
                         kg[at + 1u] = kgv.y;
+                        kg[at + 2u] = kgv.z;
+                        kg[at + 3u] = kgv.w;
                     }
-                } else {
-                    x = vec2<f32>(v[at], v[at + 1u]);
                 }
             }
-            let qd = m * 16u + c2 / 4u;
-            sh_a[qd][c2 % 4u] = x.x;
-            sh_a[qd][c2 % 4u + 1u] = x.y;
+            sh[SH_B + i * 16u + j] = xs;
         }
         workgroupBarrier();
-        var acc0 = vec4<f32>(0.0);
-        var acc1 = vec4<f32>(0.0);
-        var acc2 = vec4<f32>(0.0);
-        var acc3 = vec4<f32>(0.0);
-        // M is lower triangular: rows < nv need m <= row only.
-        // 4 m per step: M's rows as vec4s (M[r][m] = 0 for m > r, B's rows past the end are 0).
-        for (var m = 0u; m < mend4; m += 4u) {
-            let b0 = sh_a[m * 16u + cg];
-            let b1 = sh_a[(m + 1u) * 16u + cg];
-            let b2 = sh_a[(m + 2u) * 16u + cg];
-            let b3 = sh_a[(m + 3u) * 16u + cg];
-            let m0 = sh_p[(r0 * C + m) / 4u];
-            let m1 = sh_p[((r0 + 1u) * C + m) / 4u];
-            let m2 = sh_p[((r0 + 2u) * C + m) / 4u];
-            let m3 = sh_p[((r0 + 3u) * C + m) / 4u];
-            acc0 += m0.x * b0 + m0.y * b1 + m0.z * b2 + m0.w * b3;
-            acc1 += m1.x * b0 + m1.y * b1 + m1.z * b2 + m1.w * b3;
-            acc2 += m2.x * b0 + m2.y * b1 + m2.z * b2 + m2.w * b3;
-            acc3 += m3.x * b0 + m3.y * b1 + m3.z * b2 + m3.w * b3;
+        if (st + 1u < nst) {
+            rb = p4_fetch(st + 1u, nmb, nsl, t0, nv, hk, h, glast, lid);
         }
-        let col = cb + 4u * cg;
-        if (col < p.dk) {
-            let at0 = (t0 + r0) * hk + h * p.dk + col;
-            for (var ii = 0u; ii < 4u; ii++) {
-                if (r0 + ii < nv) {
-                    var y = acc0;
-                    if (ii == 1u) {
-                        y = acc1;
-                    } else if (ii == 2u) {
-                        y = acc2;
-                    } else if (ii == 3u) {
-                        y = acc3;
-                    }
-                    let at = at0 + ii * hk;
-                    if (!isk) {
-                        u[at] = y.x;
-                        u[at + 1u] = y.y;
-                        u[at + 2u] = y.z;
-                        u[at + 3u] = y.w;
-                    } else if (HALF_OUT) {
-                        w16[at / 2u] = pack_f16x2(y.xy);
-                        w16[at / 2u + 1u] = pack_f16x2(y.zw);
-                    } else {
-                        w[at] = y.x;
-                        w[at + 1u] = y.y;
-                        w[at + 2u] = y.z;
-                        w[at + 3u] = y.w;
+        if (ra >= mb) {
+            // M's rows r0 .. r0 + 3 over the block's 16 columns, 4 columns per step as vec4s;
+            // in the diagonal block only up to column r0 + 3 (M is zero above the diagonal):
+            // intra 3.53 -> 3.41 ms on the H200 against the constant trip count of 4.
+            let mq0 = pb(ra, mb) / 4u + (r0 % SUB) * 4u;
+            let mqe = select(4u, (r0 % SUB) / 4u + 1u, ra == mb);
+            for (var mq = 0u; mq < mqe; mq++) {
+                let b0 = sh[SH_B + mq * 64u + j];
+                let b1 = sh[SH_B + mq * 64u + 16u + j];
+                let b2 = sh[SH_B + mq * 64u + 32u + j];
+                let b3 = sh[SH_B + mq * 64u + 48u + j];
+                let m0 = sh[mq0 + mq];
+                let m1 = sh[mq0 + 4u + mq];
+                let m2 = sh[mq0 + 8u + mq];
+                let m3 = sh[mq0 + 12u + mq];
+                acc0 += m0.x * b0 + m0.y * b1 + m0.z * b2 + m0.w * b3;
+                acc1 += m1.x * b0 + m1.y * b1 + m1.z * b2 + m1.w * b3;
+                acc2 += m2.x * b0 + m2.y * b1 + m2.z * b2 + m2.w * b3;
+                acc3 += m3.x * b0 + m3.y * b1 + m3.z * b2 + m3.w * b3;
+            }
+        }
+        if (mb + 1u == nmb) {
+            let col = cb + 4u * j;
+            if (col < p.dk) {
+                let at0 = (t0 + r0) * hk + h * p.dk + col;
+                for (var ii = 0u; ii < 4u; ii++) {
+                    if (r0 + ii < nv) {
+                        var y = acc0;
+                        if (ii == 1u) {
+                            y = acc1;
+                        } else if (ii == 2u) {
+                            y = acc2;
+                        } else if (ii == 3u) {
+                            y = acc3;
+                        }
+                        let at = at0 + ii * hk;
+                        if (!isk) {
+                            u[at] = y.x;
+                            u[at + 1u] = y.y;
+                            u[at + 2u] = y.z;
+                            u[at + 3u] = y.w;
+                        } else if (HALF_OUT) {
+                            w16[at / 2u] = pack_f16x2(y.xy);
+                            w16[at / 2u + 1u] = pack_f16x2(y.zw);
+                        } else {
+                            w[at] = y.x;
+                            w[at + 1u] = y.y;
+                            w[at + 2u] = y.z;
+                            w[at + 3u] = y.w;
+                        }
                     }
                 }
             }
+            acc0 = vec4<f32>(0.0);
+            acc1 = vec4<f32>(0.0);
+            acc2 = vec4<f32>(0.0);
+            acc3 = vec4<f32>(0.0);
         }
         workgroupBarrier();
     }
