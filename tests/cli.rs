@@ -89,7 +89,11 @@ fn bad_input_is_a_clear_error() {
     std::fs::write(dir.join("config.json"), r#"{"architectures": ["GPT2LMHeadModel"]}"#).expect("write");
     assert_clean_failure(&k31(&["inspect", dir.to_str().expect("utf-8")]), "GPT2LMHeadModel");
     std::fs::write(dir.join("config.json"), "{").expect("write");
-    assert_clean_failure(&k31(&["inspect", dir.to_str().expect("utf-8")]), "not valid JSON");
+    let o = k31(&["inspect", dir.to_str().expect("utf-8")]);
+    assert_clean_failure(&o, "not valid JSON");
+    // The cause once: error types that print their source must not get it appended again.
+    let err = stderr(&o);
+    assert_eq!(err.matches("EOF while parsing").count(), 1, "{err}");
     // Weights present but broken: the checkpoint error, listing the problem.
     let src = support::golden::golden_dir().join("k31_tiny/model/config.json");
     std::fs::copy(src, dir.join("config.json")).expect("copy");
