@@ -39,14 +39,15 @@ pub struct GenerateArgs {
     pub prompt: String,
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
+    /// 0 = greedy. (Negative numbers parse, so that the sampler names what is wrong.)
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     pub temperature: f32,
+    /// 0 = no top-k cut.
     #[arg(long, default_value_t = 0)]
     pub top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub top_p: f32,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub repetition_penalty: f32,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,

@@ -162,6 +162,9 @@ fn generate_streams_text_and_reports_json() {
     assert_eq!(again["tokens"], v["tokens"]);
     // Bad input: empty prompt, too-long prompt, unknown model dir.
     assert_clean_failure(&k31(&["generate", "--model", &d, "--prompt", ""]), "prompt is empty");
+    // Out-of-range sampling settings, negative ones included, are named by the sampler.
+    assert_clean_failure(&k31(&["generate", "--model", &d, "--prompt", "x", "--temperature", "-1"]), "temperature must be >= 0");
+    assert_clean_failure(&k31(&["generate", "--model", &d, "--prompt", "x", "--top-p", "-0.5"]), "top-p must be in (0, 1]");
     let long = "a ".repeat(300);
     assert_clean_failure(&k31(&["generate", "--model", &d, "--prompt", &long, "--context", "64"]), "context");
     assert_clean_failure(&k31(&["generate", "--model", "/nonexistent", "--prompt", "x"]), "config.json");
