@@ -99,6 +99,59 @@ fn extrapolate(cfg: &ModelConfig, copy: f64, per_scope: &[k31_engine::gpu::OpTim
     Ok((total, rows))
 }
 
+/// Source counts of every AttnRes aggregation of a model (spec 3.2, block size S): layer l's
+/// attention side sees ceil(l / S) bank entries plus the carry (none at l = 0), its MLP side
+/// the bank after l's snapshot plus the partial, and the final norm ceil(L / S) + 1.
+fn attn_res_points(cfg: &ModelConfig) -> Vec<usize> {
+    let Some(s) = cfg.attn_res_block_size else { return Vec::new() };
+    let l_n = cfg.num_layers();
+    let mut n = Vec::with_capacity(2 * l_n + 1);
+    for l in 0..l_n {
+        if l > 0 {
+            n.push(l.div_ceil(s) + 1);
+        }
+        n.push(l / s + 2);
+    }
+    n.push(l_n.div_ceil(s) + 1);
+    n
+}
+
+/// The slice's AttnRes points see fewer sources than deep K3.1 layers, so the per-kind
+/// extrapolation charges every K3.1 point at the slice's counts. Times one decode-token
+/// aggregation (sums + mix + RMSNorm, d = hidden) per source count and prints what K3.1's
+/// counts cost per token against the slice's: the extrapolation's under-count (ms).
+fn attn_res_sources(gpu: &Gpu, cfg: &ModelConfig) -> anyhow::Result<f64> {
+    use k31_engine::ops::attn_res;
+    let full = ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?;
+    let (deep, slice) = (attn_res_points(&full), attn_res_points(cfg));
+    let Some(&max_n) = deep.iter().chain(&slice).max() else { return Ok(0.0) };
+    let d = cfg.hidden_size;
+    let bf16_ones = gpu.storage_from("attn_res bf16 vectors", &vec![0x3f80_3f80u32; d.div_ceil(2)]);
+    let cur = gpu.storage_from("attn_res cur", &(0..d).map(|i| ((i % 29) as f32 - 14.0) * 0.01).collect::<Vec<f32>>());
+    let bank = gpu.storage_from("attn_res bank", &(0..max_n * d).map(|i| ((i % 31) as f32 - 15.0) * 0.01).collect::<Vec<f32>>());
+    let out = gpu.storage("attn_res out", (d * 4) as u64);
+    let alpha = gpu.storage("attn_res alpha", (attn_res::alpha_len(1, d, max_n) * 4) as u64);
+    let mut t_us = vec![0.0; max_n + 1];
+    for (n, t) in t_us.iter_mut().enumerate().skip(2) {
+        let sources = attn_res::Sources { bank: &bank, n_bank: n - 1, bank_stride: d, cur: &cur, add: None };
+        let query = attn_res::Query { gamma: &bf16_ones, proj: &bf16_ones };
+        *t = 1e6 * k31_engine::bench::time_gpu(gpu, 3, 30, |enc, prof| attn_res::attn_res_norm(gpu, enc, 1, d, 1e-6, sources, query, &bf16_ones, &out, &alpha, prof))?;
+    }
+    let row: Vec<String> = (2..=max_n).map(|n| format!("{n}: {:.1}", t_us[n])).collect();
+    println!("AttnRes + RMSNorm per aggregation, one decode token, by sources (us, a pass each): {}", row.join(", "));
+    // Every K3.1 point charged at the slice's mean count (what the per-kind extrapolation does)
+    // against its own count.
+    let slice_mean = slice.iter().map(|&n| t_us[n.max(2)]).sum::<f64>() / slice.len().max(1) as f64;
+    let at_own: f64 = deep.iter().map(|&n| t_us[n.max(2)]).sum();
+    let extra_ms = (at_own - slice_mean * deep.len() as f64) / 1e3;
+    println!(
+        "AttnRes: K3.1's {} aggregations at their own source counts (2-{max_n}) take {:.2} ms per token, {extra_ms:+.2} ms against the slice's counts (not in the extrapolation above)",
+        deep.len(),
+        at_own / 1e3
+    );
+    Ok(extra_ms)
+}
+
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     let dir: String = arg(&args, "--model").ok_or_else(|| anyhow::anyhow!("--model DIR is required"))?;
@@ -209,8 +262,10 @@ fn main() -> anyhow::Result<()> {
         span_total.1 / 1e3,
         if span_total.1 > 0.0 { span_total.0 / span_total.1 } else { 0.0 }
     );
+    let attn_res_extra_ms = attn_res_sources(&gpu, &cfg)?;
     if let Some(path) = json_out {
         let v = serde_json::json!({
+            "attn_res_deep_extra_ms": attn_res_extra_ms,
             "gpu": gpu.describe(), "copy_gbs": copy / 1e9, "prefill_tokens": prompt_n, "prefill_s": prefill_s, "prefill_cold_s": prefill_cold_s, "prefill_host_s": prefill_host_s,
             "decode_wall_ms": wall_med * 1e3, "decode_host_ms": host_med * 1e3, "rows": rows,
             "full_model_decode_ms": total.0 / 1e3, "full_model_floor_ms": total.1 / 1e3,
