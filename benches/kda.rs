@@ -301,7 +301,8 @@ fn main() -> anyhow::Result<()> {
     // One run of `record` (which starts from S0 = 0): all heads' o and final state, and their
     // (rel L2, max) errors against the f64 reference on the first `check_heads` heads.
     type Record<'a> = dyn FnMut(&mut wgpu::CommandEncoder, Option<&mut Profiler>) -> Result<(), GpuError> + 'a;
-    let checked_run = |record: &mut Record| -> Result<(Vec<f32>, Vec<f32>, (f64, f64), (f64, f64)), GpuError> {
+    type Checked = (Vec<f32>, Vec<f32>, (f64, f64), (f64, f64));
+    let checked_run = |record: &mut Record| -> Result<Checked, GpuError> {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         record(&mut enc, None)?;
         gpu.queue.submit([enc.finish()]);

@@ -58,7 +58,7 @@ fn extrapolate(cfg: &ModelConfig, copy: f64, per_scope: &[k31_engine::gpu::OpTim
         by_kind.entry(kind).or_default().push((layer, us, floor_us));
         rows.push(serde_json::json!({"scope": op.label, "gpu_us": us, "floor_us": floor_us}));
     }
-    // Extrapolate to the full K3.1: per-type mean times x the counts of the real schedule.
+    // Extrapolate to the full K3.1: per-type times x the counts of the real schedule.
     let full = ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?;
     let count = |m: k31_engine::config::Mixer| full.count_mixer(m) as f64;
     // n layers of a kind: layer 0's part counted once as itself (it also holds the first

@@ -255,6 +255,8 @@ const STATE_COLS: usize = 32;
 /// Largest K of kda_chunk_state (rows of its workgroup-memory state tile); kda_chunk_state16
 /// (16 columns per workgroup) beyond.
 const STATE_KMAX: usize = 128;
+/// Value columns per kda_chunk_state_r workgroup (RCOLS in kda_chunk.wgsl).
+const STATE_R_COLS: usize = 16;
 /// Value columns per kda_chunk_state16 workgroup (LANES in kda_chunk.wgsl).
 const STATE16_COLS: usize = 16;
 
@@ -279,7 +281,7 @@ impl StateVariant {
         match self {
             StateVariant::Staged => (&KDA_CHUNK_STATE, STATE_COLS),
             StateVariant::Narrow => (&KDA_CHUNK_STATE16, STATE16_COLS),
-            StateVariant::Reg => (&KDA_CHUNK_STATE_R, 16),
+            StateVariant::Reg => (&KDA_CHUNK_STATE_R, STATE_R_COLS),
         }
     }
 

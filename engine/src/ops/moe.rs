@@ -170,8 +170,9 @@ pub const DECODE_VARIANTS: &[DecodeKernels] =
 /// `K31_MOE_DECODE=NAME` picks a supported variant of [`DECODE_VARIANTS`] by name instead.
 pub fn decode_default(gpu: &Gpu, layout: &SlotLayout) -> DecodeKernels {
     if let Ok(name) = std::env::var("K31_MOE_DECODE") {
-        if let Some(k) = DECODE_VARIANTS.iter().find(|k| k.name == name && decode_supported(gpu, layout, k)) {
-            return *k;
+        match DECODE_VARIANTS.iter().find(|k| k.name == name && decode_supported(gpu, layout, k)) {
+            Some(k) => return *k,
+            None => eprintln!("k31: K31_MOE_DECODE={name:?} names no MXFP4 decode variant this adapter runs here; using the default"),
         }
     }
     if decode_supported(gpu, layout, &DECODE_SGT) {
