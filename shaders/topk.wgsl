@@ -98,25 +98,9 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     }
     let valid = valid_len(row);
     let base = wg.x * CHUNK;
-    var keys: array<u32, ITEMS>;
-    for (var i = 0u; i < ITEMS; i++) {
-        let idx = base + i * WG + lid;
-        keys[i] = score_key(row, min(idx, valid - 1u));
-    }
+    let keys = gather_keys(row, base, valid, lid);
     if (valid <= p.k) {
-        // Every valid position is selected, in position order.
-        for (var i = 0u; i < ITEMS; i++) {
-            let idx = base + i * WG + lid;
-            if (idx < valid) {
-                put(row, idx, keys[i], idx);
-            }
-        }
-        if (!ORDERED && wg.x == 0u) {
-            for (var i = valid + lid; i < p.k; i += WG) {
-                sel[row * p.k + i] = -1;
-                sel_score[row * p.k + i] = bitcast<f32>(0xff800000u);
-            }
-        }
+        select_all_valid(row, base, valid, lid, wg.x == 0u, keys);
         return;
     }
     // Every workgroup finds b1 (the bin of the k-th key) and need1 (keys still taken from it)
@@ -124,23 +108,11 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let r1 = find_bin_global(row * HSTRIDE, p.k, lid);
     let b1 = r1.x;
     let need1 = r1.y;
-    var smask = 0u;
-    var cmask = 0u;
     let off2 = row * HSTRIDE + BINS;
-    for (var i = 0u; i < ITEMS; i++) {
-        if (base + i * WG + lid < valid) {
-            let d = keys[i] >> 20u;
-            if (d > b1) {
-                smask |= 1u << i;
-            } else if (d == b1) {
-                cmask |= 1u << i;
-                atomicAdd(&hist[off2 + ((keys[i] >> 8u) & 0xfffu)], 1u);
-            }
-        }
-    }
+    let masks = classify_digit1(keys, base, valid, lid, b1, off2);
     // One scan for both counts (each <= CHUNK): selected in the low 16 bits, candidates above.
     // The two slot reservations come from threads of different subgroups, in flight together.
-    let sc = wg_scan(lid, countOneBits(smask) | (countOneBits(cmask) << 16u));
+    let sc = wg_scan(lid, countOneBits(masks.x) | (countOneBits(masks.y) << 16u));
     let ts = sc.y & 0xffffu;
     let tc = sc.y >> 16u;
     if (lid == 0u) {
@@ -156,19 +128,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
     }
     workgroupBarrier();
-    var o = ctl[3] + (sc.x & 0xffffu);
-    var oc = row * p.row_len + ctl[4] + (sc.x >> 16u);
-    for (var i = 0u; i < ITEMS; i++) {
-        let idx = base + i * WG + lid;
-        if ((smask & (1u << i)) != 0u) {
-            put(row, o, keys[i], idx);
-            o += 1u;
-        }
-        if ((cmask & (1u << i)) != 0u) {
-            cand[oc] = vec2<u32>(idx, keys[i]);
-            oc += 1u;
-        }
-    }
+    write_classified(row, ctl[3] + (sc.x & 0xffffu), row * p.row_len + ctl[4] + (sc.x >> 16u), keys, masks, base, lid);
     if (!arrive(row * ST + S_DONE2, nwg.x, lid)) {
         return;
     }
@@ -178,16 +138,7 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let ncand = r1.z;
     var outo = p.k - need1;
     let cbase = row * p.row_len;
-    var ck: array<u32, RI>;
-    var cp: array<u32, RI>;
-    for (var q = 0u; q < RI; q++) {
-        let j = q * WG + lid;
-        if (j < ncand) {
-            let c = cand[cbase + j];
-            cp[q] = c.x;
-            ck[q] = c.y;
-        }
-    }
+    var c = load_cands(cbase, 0u, ncand, lid);
     let r2 = find_bin_global(off2, need1, lid);
     // Every workgroup has read the digit-1 histogram.
     clear_global(row * HSTRIDE, BINS, lid);
@@ -200,114 +151,19 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     var bn = 0u;
     var i0 = 0u;
     loop {
-        var tm = 0u;
-        var km = 0u;
-        for (var q = 0u; q < RI; q++) {
-            if (i0 + q * WG + lid < ncand) {
-                let d = (ck[q] >> 8u) & 0xfffu;
-                if (d > b2) {
-                    tm |= 1u << q;
-                } else if (d == b2 && small) {
-                    km |= 1u << q;
-                }
-            }
-        }
-        let s = wg_scan(lid, countOneBits(tm) | (countOneBits(km) << 16u));
-        var o = outo + (s.x & 0xffffu);
-        var ob = bn + (s.x >> 16u);
-        for (var q = 0u; q < RI; q++) {
-            if ((tm & (1u << q)) != 0u) {
-                put(row, o, ck[q], cp[q]);
-                o += 1u;
-            }
-            if ((km & (1u << q)) != 0u && ob < BCAP) {
-                bkey[ob] = ck[q];
-                bpos[ob] = cp[q];
-                ob += 1u;
-            }
-        }
+        let m = classify_digit2(c, i0, ncand, lid, b2, small);
+        let s = wg_scan(lid, countOneBits(m.x) | (countOneBits(m.y) << 16u));
+        write_walk(row, outo + (s.x & 0xffffu), bn + (s.x >> 16u), c, m);
         outo += s.y & 0xffffu;
         bn += s.y >> 16u;
         i0 += WG * RI;
         if (i0 >= ncand) {
             break;
         }
-        for (var q = 0u; q < RI; q++) {
-            let j = i0 + q * WG + lid;
-            if (j < ncand) {
-                let c = cand[cbase + j];
-                cp[q] = c.x;
-                ck[q] = c.y;
-            }
-        }
+        c = load_cands(cbase, i0, ncand, lid);
     }
     workgroupBarrier();
-    if (nb <= NB_RANK) {
-        // Small boundary set (the usual case): rank each element among the set by composite
-        // (unique: positions differ); the need2 highest-ranked go to slots outo + rank.
-        if (lid < nb) {
-            let ke = bkey[lid];
-            let pe = bpos[lid];
-            var r = 0u;
-            for (var j = 0u; j < nb; j++) {
-                let kj = bkey[j];
-                r += select(0u, 1u, kj > ke || (kj == ke && bpos[j] < pe));
-            }
-            if (r < r2.y) {
-                put(row, outo + r, ke, pe);
-            }
-        }
-        return;
-    }
-    // Radix select of the need2 largest composites of the boundary set: threshold (tk, tl),
-    // its top f bits known.
-    let n = select(ncand, nb, small);
-    var need = r2.y;
-    var tk = ((b1 << 12u) | b2) << 8u;
-    var tl = 0u;
-    var f = 24u;
-    var whole = need == nb;
-    while (!whole && f < 64u) {
-        if (lid < 256u) {
-            atomicStore(&lh8[lid], 0u);
-        }
-        workgroupBarrier();
-        for (var j = lid; j < n; j += WG) {
-            let e = boundary(row, j, small);
-            let lo = ~e.y;
-            if (prefix_ok(e.x, lo, f, tk, tl)) {
-                atomicAdd(&lh8[digit_of(e.x, lo, f)], 1u);
-            }
-        }
-        workgroupBarrier();
-        let r = find_bin_local(need, lid);
-        if (f == 24u) {
-            tk |= r.x;
-        } else {
-            tl |= r.x << (56u - f);
-        }
-        f += 8u;
-        need = r.y;
-        // A bin taken whole ends it (at the latest the last byte: one element per bin).
-        whole = r.y == r.z;
-    }
-    // Select the boundary elements at or above the threshold: exactly need2 of them.
-    let pre = tk >> 8u;
-    for (var j0 = 0u; j0 < n; j0 += WG) {
-        let j = j0 + lid;
-        var take = 0u;
-        var e = vec2<u32>(0u, 0u);
-        if (j < n) {
-            e = boundary(row, j, small);
-            let lo = ~e.y;
-            take = select(0u, 1u, (e.x >> 8u) == pre && (e.x > tk || (e.x == tk && lo >= tl)));
-        }
-        let s = wg_scan(lid, take);
-        if (take != 0u) {
-            put(row, outo + s.x, e.x, e.y);
-        }
-        outo += s.y;
-    }
+    finish_boundary(row, lid, nb, ncand, small, r2.y, outo, b1, b2);
 }
 
 #include "lib/topk_rank.wgsl"

@@ -204,3 +204,197 @@ fn find_bin_local(need: u32, lid: u32) -> vec3<u32> {
     }
     return workgroupUniformLoad(&fb).xyz;
 }
+
+// ---- topk_gather's steps, the same in both forms (their slot assignment differs: each form's
+// wg_scan or slots, and its own reservations and done counter).
+
+// This workgroup's ITEMS keys per thread (positions past `valid` read the last valid one).
+fn gather_keys(row: u32, base: u32, valid: u32, lid: u32) -> array<u32, ITEMS> {
+    var keys: array<u32, ITEMS>;
+    for (var i = 0u; i < ITEMS; i++) {
+        keys[i] = score_key(row, min(base + i * WG + lid, valid - 1u));
+    }
+    return keys;
+}
+
+// A row with valid <= k: every valid position is selected, in position order (the set form
+// pads the rest of the row with -1 / -inf from its first workgroup).
+fn select_all_valid(row: u32, base: u32, valid: u32, lid: u32, first: bool, keys: array<u32, ITEMS>) {
+    for (var i = 0u; i < ITEMS; i++) {
+        let idx = base + i * WG + lid;
+        if (idx < valid) {
+            put(row, idx, keys[i], idx);
+        }
+    }
+    if (!ORDERED && first) {
+        for (var i = valid + lid; i < p.k; i += WG) {
+            sel[row * p.k + i] = -1;
+            sel_score[row * p.k + i] = bitcast<f32>(0xff800000u);
+        }
+    }
+}
+
+// Masks of the thread's keys above bin b1 (selected) and in it (candidates, counted into the
+// digit-2 histogram at off2): (selected, candidates).
+fn classify_digit1(keys: array<u32, ITEMS>, base: u32, valid: u32, lid: u32, b1: u32, off2: u32) -> vec2<u32> {
+    var smask = 0u;
+    var cmask = 0u;
+    for (var i = 0u; i < ITEMS; i++) {
+        if (base + i * WG + lid < valid) {
+            let d = keys[i] >> 20u;
+            if (d > b1) {
+                smask |= 1u << i;
+            } else if (d == b1) {
+                cmask |= 1u << i;
+                atomicAdd(&hist[off2 + ((keys[i] >> 8u) & 0xfffu)], 1u);
+            }
+        }
+    }
+    return vec2<u32>(smask, cmask);
+}
+
+// Writes the thread's selected keys from slot o on and its candidates from list entry oc on.
+fn write_classified(row: u32, o0: u32, oc0: u32, keys: array<u32, ITEMS>, masks: vec2<u32>, base: u32, lid: u32) {
+    var o = o0;
+    var oc = oc0;
+    for (var i = 0u; i < ITEMS; i++) {
+        let idx = base + i * WG + lid;
+        if ((masks.x & (1u << i)) != 0u) {
+            put(row, o, keys[i], idx);
+            o += 1u;
+        }
+        if ((masks.y & (1u << i)) != 0u) {
+            cand[oc] = vec2<u32>(idx, keys[i]);
+            oc += 1u;
+        }
+    }
+}
+
+// RI candidates per thread of the refine's walk: keys and positions.
+struct Cands {
+    k: array<u32, RI>,
+    p: array<u32, RI>,
+}
+
+// The thread's candidates of the walk step starting at list entry i0 (all RI loads together).
+fn load_cands(cbase: u32, i0: u32, ncand: u32, lid: u32) -> Cands {
+    var c: Cands;
+    for (var q = 0u; q < RI; q++) {
+        let j = i0 + q * WG + lid;
+        if (j < ncand) {
+            let e = cand[cbase + j];
+            c.p[q] = e.x;
+            c.k[q] = e.y;
+        }
+    }
+    return c;
+}
+
+// Masks of the step's candidates above bin b2 (selected) and in it (the boundary set, kept
+// only when it fits workgroup memory): (selected, boundary).
+fn classify_digit2(c: Cands, i0: u32, ncand: u32, lid: u32, b2: u32, small: bool) -> vec2<u32> {
+    var tm = 0u;
+    var km = 0u;
+    for (var q = 0u; q < RI; q++) {
+        if (i0 + q * WG + lid < ncand) {
+            let d = (c.k[q] >> 8u) & 0xfffu;
+            if (d > b2) {
+                tm |= 1u << q;
+            } else if (d == b2 && small) {
+                km |= 1u << q;
+            }
+        }
+    }
+    return vec2<u32>(tm, km);
+}
+
+// Writes the step's selected candidates from slot o on and its boundary keys from bkey / bpos
+// entry ob on (those past BCAP dropped).
+fn write_walk(row: u32, o0: u32, ob0: u32, c: Cands, masks: vec2<u32>) {
+    var o = o0;
+    var ob = ob0;
+    for (var q = 0u; q < RI; q++) {
+        if ((masks.x & (1u << q)) != 0u) {
+            put(row, o, c.k[q], c.p[q]);
+            o += 1u;
+        }
+        if ((masks.y & (1u << q)) != 0u && ob < BCAP) {
+            bkey[ob] = c.k[q];
+            bpos[ob] = c.p[q];
+            ob += 1u;
+        }
+    }
+}
+
+// The need2 largest composites of the boundary set (nb keys in bin b2 under b1; in bkey / bpos
+// when small, else read from the n = ncand candidates) to slots out0 on: ranked directly when
+// the set has at most NB_RANK keys, else radix-selected in workgroup memory. Uniform control
+// flow, after the barrier that publishes the boundary set.
+fn finish_boundary(row: u32, lid: u32, nb: u32, ncand: u32, small: bool, need2: u32, out0: u32, b1: u32, b2: u32) {
+    if (nb <= NB_RANK) {
+        // Small boundary set (the usual case): rank each element among the set by composite
+        // (unique: positions differ); the need2 highest-ranked go to slots out0 + rank.
+        if (lid < nb) {
+            let ke = bkey[lid];
+            let pe = bpos[lid];
+            var r = 0u;
+            for (var j = 0u; j < nb; j++) {
+                let kj = bkey[j];
+                r += select(0u, 1u, kj > ke || (kj == ke && bpos[j] < pe));
+            }
+            if (r < need2) {
+                put(row, out0 + r, ke, pe);
+            }
+        }
+        return;
+    }
+    // Radix select: threshold (tk, tl), its top f bits known.
+    let n = select(ncand, nb, small);
+    var need = need2;
+    var tk = ((b1 << 12u) | b2) << 8u;
+    var tl = 0u;
+    var f = 24u;
+    var whole = need == nb;
+    while (!whole && f < 64u) {
+        if (lid < 256u) {
+            atomicStore(&lh8[lid], 0u);
+        }
+        workgroupBarrier();
+        for (var j = lid; j < n; j += WG) {
+            let e = boundary(row, j, small);
+            let lo = ~e.y;
+            if (prefix_ok(e.x, lo, f, tk, tl)) {
+                atomicAdd(&lh8[digit_of(e.x, lo, f)], 1u);
+            }
+        }
+        workgroupBarrier();
+        let r = find_bin_local(need, lid);
+        if (f == 24u) {
+            tk |= r.x;
+        } else {
+            tl |= r.x << (56u - f);
+        }
+        f += 8u;
+        need = r.y;
+        // A bin taken whole ends it (at the latest the last byte: one element per bin).
+        whole = r.y == r.z;
+    }
+    // Select the boundary elements at or above the threshold: exactly need2 of them.
+    let pre = tk >> 8u;
+    var out = out0;
+    for (var j0 = 0u; j0 < n; j0 += WG) {
+        let j = j0 + lid;
+        var take = 0u;
+        var e = vec2<u32>(0u, 0u);
+        if (j < n) {
+            e = boundary(row, j, small);
+            let lo = ~e.y;
+            take = select(0u, 1u, (e.x >> 8u) == pre && (e.x > tk || (e.x == tk && lo >= tl)));
+        }
+        let s = wg_scan(lid, take);
+        if (take != 0u) {
+            put(row, out + s.x, e.x, e.y);
+        }
+        out += s.y;
+    }
+}
