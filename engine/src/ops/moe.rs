@@ -169,10 +169,13 @@ pub const DECODE_VARIANTS: &[DecodeKernels] =
 /// The fastest MXFP4 decode kernels this adapter can run at this expert width.
 /// `K31_MOE_DECODE=NAME` picks a supported variant of [`DECODE_VARIANTS`] by name instead.
 pub fn decode_default(gpu: &Gpu, layout: &SlotLayout) -> DecodeKernels {
-    if let Ok(name) = std::env::var("K31_MOE_DECODE") {
+    // Read once per process: this runs for every MoE layer of every token.
+    static FORCED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    static WARNED: std::sync::Once = std::sync::Once::new();
+    if let Some(name) = FORCED.get_or_init(|| std::env::var("K31_MOE_DECODE").ok()) {
         match DECODE_VARIANTS.iter().find(|k| k.name == name && decode_supported(gpu, layout, k)) {
             Some(k) => return *k,
-            None => eprintln!("k31: K31_MOE_DECODE={name:?} names no MXFP4 decode variant this adapter runs here; using the default"),
+            None => WARNED.call_once(|| eprintln!("k31: K31_MOE_DECODE={name:?} names no MXFP4 decode variant this adapter runs here; using the default")),
         }
     }
     if decode_supported(gpu, layout, &DECODE_SGT) {
