@@ -1126,7 +1126,7 @@ fn kda_chunk_state16(
 // O = qg S_n + A_qk U = [qg | A_qk] [S_n ; U], inner dimension K + C in slices of OKS.
 const OVT: u32 = 64u;     // value columns per output workgroup (16 quads)
 const OKS: u32 = 32u;     // inner slice
-var<workgroup> so_a: array<vec4<f32>, 544>;  // [OKS, 17]: quads of 4 rows of the left operand (+ pad)
+var<workgroup> so_a: array<vec4<f32>, 512>;  // [OKS, 16]: quads of 4 rows of the left operand, swizzled (so_aq)
 var<workgroup> so_b: array<vec4<f32>, 512>;  // [OKS, 16]: quads of 4 columns of the right operand
 
 // Item e of slice s of kda_chunk_out's left operand: column kk = e % OKS of rows 4 rq .. 4 rq + 3,
@@ -1183,6 +1183,12 @@ fn out_fetch_b(s: u32, e: u32, nks: u32, t0: u32, nv: u32, hk: u32, h: u32, nh: 
     return y;
 }
 
+// Slot of (inner index kk, row quad rq) in so_a: the quad XOR kk, so that a warp's stores (32
+// consecutive kk of one rq) spread over the banks without a padded row.
+fn so_aq(kk: u32, rq: u32) -> u32 {
+    return kk * 16u + (rq ^ (kk % 16u));
+}
+
 @compute @workgroup_size(256)
 fn kda_chunk_out(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -1216,8 +1222,8 @@ fn kda_chunk_out(
     var yb0 = out_fetch_b(0u, lid, nks, t0, nv, hk, h, nh, v0);
     var yb1 = out_fetch_b(0u, lid + WG, nks, t0, nv, hk, h, nh, v0);
     for (var s = 0u; s < ns; s++) {
-        so_a[(lid % OKS) * 17u + lid / OKS] = xa0;
-        so_a[((lid + WG) % OKS) * 17u + (lid + WG) / OKS] = xa1;
+        so_a[so_aq(lid % OKS, lid / OKS)] = xa0;
+        so_a[so_aq((lid + WG) % OKS, (lid + WG) / OKS)] = xa1;
         so_b[lid] = yb0;
         so_b[lid + WG] = yb1;
         workgroupBarrier();
@@ -1227,12 +1233,11 @@ fn kda_chunk_out(
             yb0 = out_fetch_b(s + 1u, lid, nks, t0, nv, hk, h, nh, v0);
             yb1 = out_fetch_b(s + 1u, lid + WG, nks, t0, nv, hk, h, nh, v0);
         }
-        workgroupBarrier();
         for (var kk = 0u; kk < OKS; kk += 4u) {
-            let x0 = so_a[kk * 17u + rg];
-            let x1 = so_a[(kk + 1u) * 17u + rg];
-            let x2 = so_a[(kk + 2u) * 17u + rg];
-            let x3 = so_a[(kk + 3u) * 17u + rg];
+            let x0 = so_a[so_aq(kk, rg)];
+            let x1 = so_a[so_aq((kk + 1u), rg)];
+            let x2 = so_a[so_aq((kk + 2u), rg)];
+            let x3 = so_a[so_aq((kk + 3u), rg)];
             let b0 = so_b[kk * 16u + cg];
             let b1 = so_b[(kk + 1u) * 16u + cg];
             let b2 = so_b[(kk + 2u) * 16u + cg];

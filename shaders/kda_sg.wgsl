@@ -57,12 +57,50 @@ fn kda_prep_sg(
 }
 
 // Prefill prep along token runs: one subgroup per (part, head, run of p.run tokens), part 0 = q,
-// 1 = k, 2 = v (plus the gate and beta). Lane l owns channels l + sgs i (i < dk / sgs <= 4) and
-// keeps their conv weights and the last three inputs in registers, so each input is loaded
+// 1 = k, 2 = v (plus the gate and beta). Lane l owns channels l + sgs i (slots i < dk / sgs <= 4)
+// and keeps their conv weights and the last three inputs in registers, so each input is loaded
 // once, not once per tap, and the weights once per run, not per token (kda_prep_sg re-reads
-// both for every (token, head) row). The next token's inputs load before the current one is
-// computed. Runs are p.run tokens (the host shortens them for short prompts). Preconditions
-// (host-checked): taps <= 4, dk % sgs == 0, dk / sgs <= 4, a fixed subgroup size, run >= 1.
+// both for every (token, head) row). The slots are the components of vec4s (one per tap, one
+// per window position): no private arrays, which the NVIDIA compile put in local memory when
+// indexed in loops. The next token's inputs load before the current one is computed. Runs are
+// p.run tokens (the host shortens them for short prompts). Preconditions (host-checked):
+// taps <= 4, dk % sgs == 0, dk / sgs <= 4, a fixed subgroup size, run >= 1.
+
+// Slot i's element of a row, at `base` + sgs i; slots past cpl repeat the last one (in range,
+// never stored).
+fn prep_row4(base: u32, sgs: u32, cpl: u32) -> vec4<f32> {
+    return vec4<f32>(qkv[base], qkv[base + sgs * min(1u, cpl - 1u)], qkv[base + sgs * min(2u, cpl - 1u)], qkv[base + sgs * min(3u, cpl - 1u)]);
+}
+
+fn prep_gate4(base: u32, sgs: u32, cpl: u32) -> vec4<f32> {
+    return vec4<f32>(fgate[base], fgate[base + sgs * min(1u, cpl - 1u)], fgate[base + sgs * min(2u, cpl - 1u)], fgate[base + sgs * min(3u, cpl - 1u)]);
+}
+
+// Weight of tap `back` tokens before the current one (0 = the current token) for slot channel ch.
+fn prep_tap(ch: u32, back: u32) -> f32 {
+    if (back >= min(p.taps, 4u)) {
+        return 0.0;
+    }
+    return conv_w[ch * p.taps + p.taps - 1u - back];
+}
+
+// Stores slots < cpl of y at `base` + sgs i into q, k, v or (part 3) g.
+fn prep_store(part: u32, base: u32, sgs: u32, cpl: u32, y: vec4<f32>) {
+    for (var i = 0u; i < 4u; i++) {
+        if (i < cpl) {
+            let at = base + sgs * i;
+            if (part == 0u) {
+                q_out[at] = y[i];
+            } else if (part == 1u) {
+                k_out[at] = y[i];
+            } else if (part == 2u) {
+                v_out[at] = y[i];
+            } else {
+                g_out[at] = y[i];
+            }
+        }
+    }
+}
 
 @compute @workgroup_size(256)
 fn kda_prep_run(
@@ -86,83 +124,66 @@ fn kda_prep_run(
     let pd = p.heads * p.dk;
     let n3 = 3u * pd;
     let chan = h * p.dk + lane;
-    // Taps right-aligned (tap W-1 multiplies the current token), the window x[t-3..t-1].
-    var w: array<vec4<f32>, 4>;
-    var win: array<vec3<f32>, 4>;
-    var nx: array<f32, 4>;
-    var dtb: array<f32, 4>;
-    let a = exp(a_log[h]);
-    let lead = 4u - min(p.taps, 4u);
+    let live = vec4<f32>(1.0, select(0.0, 1.0, cpl > 1u), select(0.0, 1.0, cpl > 2u), select(0.0, 1.0, cpl > 3u));
+    // wb[j]: slot weights of the tap j tokens back; xm[j]: inputs j tokens back.
+    var wb0 = vec4<f32>(0.0);
+    var wb1 = vec4<f32>(0.0);
+    var wb2 = vec4<f32>(0.0);
+    var wb3 = vec4<f32>(0.0);
+    var xm1 = vec4<f32>(0.0);
+    var xm2 = vec4<f32>(0.0);
+    var xm3 = vec4<f32>(0.0);
+    var dtb = vec4<f32>(0.0);
+    let ti = i32(t0);
     for (var i = 0u; i < 4u; i++) {
-        if (i < cpl) {
-            let ch = part * pd + chan + sgs * i;
-            var wv = vec4<f32>(0.0);
-            for (var j = 0u; j < min(p.taps, 4u); j++) {
-                wv[lead + j] = conv_w[ch * p.taps + j];
-            }
-            w[i] = wv;
-            let ti = i32(t0);
-            win[i] = vec3<f32>(conv_input(ti - 3, ch), conv_input(ti - 2, ch), conv_input(ti - 1, ch));
-            nx[i] = qkv[t0 * n3 + ch];
-            dtb[i] = dt_bias[chan + sgs * i];
+        let ch = part * pd + chan + sgs * min(i, cpl - 1u);
+        wb0[i] = prep_tap(ch, 0u);
+        wb1[i] = prep_tap(ch, 1u);
+        wb2[i] = prep_tap(ch, 2u);
+        wb3[i] = prep_tap(ch, 3u);
+        xm1[i] = conv_input(ti - 1, ch);
+        xm2[i] = conv_input(ti - 2, ch);
+        xm3[i] = conv_input(ti - 3, ch);
+        if (part == 2u) {
+            dtb[i] = dt_bias[chan + sgs * min(i, cpl - 1u)];
         }
     }
-    var nf: array<f32, 4>;
+    let a = exp(a_log[h]);
+    let rs = select(1.0, p.scale, part == 0u);
+    var nx = prep_row4(t0 * n3 + part * pd + chan, sgs, cpl);
+    var nf = vec4<f32>(0.0);
     if (part == 2u) {
-        for (var i = 0u; i < 4u; i++) {
-            if (i < cpl) {
-                nf[i] = fgate[t0 * pd + chan + sgs * i];
-            }
-        }
+        nf = prep_gate4(t0 * pd + chan, sgs, cpl);
     }
     for (var t = t0; t < t1; t++) {
         let x = nx;
         let f = nf;
         // The next token's loads first (clamped to the run's last token).
         let tn = min(t + 1u, t1 - 1u);
-        for (var i = 0u; i < 4u; i++) {
-            if (i < cpl) {
-                nx[i] = qkv[tn * n3 + part * pd + chan + sgs * i];
-                if (part == 2u) {
-                    nf[i] = fgate[tn * pd + chan + sgs * i];
-                }
-            }
+        nx = prep_row4(tn * n3 + part * pd + chan, sgs, cpl);
+        if (part == 2u) {
+            nf = prep_gate4(tn * pd + chan, sgs, cpl);
+        }
+        var y = x;
+        if (p.post_conv == 0u) {
+            let z = wb0 * x + wb1 * xm1 + wb2 * xm2 + wb3 * xm3;
+            y = z / (1.0 + exp(-z));
+            xm3 = xm2;
+            xm2 = xm1;
+            xm1 = x;
         }
         let row = t * p.heads + h;
-        var y: array<f32, 4>;
-        var ss = 0.0;
-        for (var i = 0u; i < 4u; i++) {
-            if (i < cpl) {
-                var v = x[i];
-                if (p.post_conv == 0u) {
-                    v = silu(dot(w[i], vec4<f32>(win[i], x[i])));
-                    win[i] = vec3<f32>(win[i].y, win[i].z, x[i]);
-                }
-                y[i] = v;
-                ss += v * v;
-            }
-        }
+        let base = row * p.dk + lane;
         if (part == 2u) {
-            for (var i = 0u; i < 4u; i++) {
-                if (i < cpl) {
-                    v_out[row * p.dk + lane + sgs * i] = y[i];
-                    g_out[row * p.dk + lane + sgs * i] = log_decay(a, f[i] + dtb[i]);
-                }
-            }
+            prep_store(2u, base, sgs, cpl, y);
+            let zg = f + dtb;
+            prep_store(3u, base, sgs, cpl, vec4<f32>(log_decay(a, zg.x), log_decay(a, zg.y), log_decay(a, zg.z), log_decay(a, zg.w)));
             if (lane == 0u) {
                 beta_out[row] = sigmoid(blog[row]);
             }
         } else {
-            let r = inverseSqrt(subgroupAdd(ss) + 1e-6) * select(1.0, p.scale, part == 0u);
-            for (var i = 0u; i < 4u; i++) {
-                if (i < cpl) {
-                    if (part == 0u) {
-                        q_out[row * p.dk + lane + sgs * i] = y[i] * r;
-                    } else {
-                        k_out[row * p.dk + lane + sgs * i] = y[i] * r;
-                    }
-                }
-            }
+            let ym = y * live;
+            prep_store(part, base, sgs, cpl, y * (inverseSqrt(subgroupAdd(dot(ym, ym)) + 1e-6) * rs));
         }
     }
 }
