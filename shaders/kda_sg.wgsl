@@ -57,14 +57,17 @@ fn kda_prep_sg(
 }
 
 // Prefill prep along token runs: one subgroup per (part, head, run of p.run tokens), part 0 = q,
-// 1 = k, 2 = v (plus the gate and beta). Lane l owns channels l + sgs i (slots i < dk / sgs <= 4)
-// and keeps their conv weights and the last three inputs in registers, so each input is loaded
-// once, not once per tap, and the weights once per run, not per token (kda_prep_sg re-reads
-// both for every (token, head) row). The slots are the components of vec4s (one per tap, one
-// per window position): no private arrays, which the NVIDIA compile put in local memory when
-// indexed in loops. The next token's inputs load before the current one is computed. Runs are
-// p.run tokens (the host shortens them for short prompts). Preconditions (host-checked):
-// taps <= 4, dk % sgs == 0, dk / sgs <= 4, a fixed subgroup size, run >= 1.
+// 1 = k, 2 = v, 3 = the gate and beta (one read stream and one write stream each: with v and the
+// gate in one part, that part was the long pole). Lane l owns channels l + sgs i (slots i <
+// dk / sgs <= 4); q, k and v keep their conv weights and the last three inputs in registers, so
+// each input is loaded once, not once per tap, and the weights once per run, not per token
+// (kda_prep_sg re-reads both for every (token, head) row). The slots are the components of vec4s
+// (one per tap, one per window position): no private arrays, which the NVIDIA compile put in
+// local memory when indexed in loops (2x slower). The next token's inputs load before the current
+// one is computed. Runs are p.run tokens (the host shortens them for short prompts).
+// Preconditions (host-checked): taps <= 4, dk % sgs == 0, dk / sgs <= 4, a fixed subgroup size,
+// run >= 1.
+const PREP_PARTS: u32 = 4u;
 
 // Slot i's element of a row, at `base` + sgs i; slots past cpl repeat the last one (in range,
 // never stored).
@@ -102,6 +105,25 @@ fn prep_store(part: u32, base: u32, sgs: u32, cpl: u32, y: vec4<f32>) {
     }
 }
 
+// Part 3 of a run: the log decay of every channel and beta.
+fn prep_gate_run(h: u32, t0: u32, t1: u32, lane: u32, sgs: u32, cpl: u32) {
+    let chan = h * p.dk + lane;
+    let pd = p.heads * p.dk;
+    let dtb = vec4<f32>(dt_bias[chan], dt_bias[chan + sgs * min(1u, cpl - 1u)], dt_bias[chan + sgs * min(2u, cpl - 1u)],
+        dt_bias[chan + sgs * min(3u, cpl - 1u)]);
+    let a = exp(a_log[h]);
+    var nf = prep_gate4(t0 * pd + chan, sgs, cpl);
+    for (var t = t0; t < t1; t++) {
+        let zg = nf + dtb;
+        nf = prep_gate4(min(t + 1u, t1 - 1u) * pd + chan, sgs, cpl);
+        let row = t * p.heads + h;
+        prep_store(3u, row * p.dk + lane, sgs, cpl, vec4<f32>(log_decay(a, zg.x), log_decay(a, zg.y), log_decay(a, zg.z), log_decay(a, zg.w)));
+        if (lane == 0u) {
+            beta_out[row] = sigmoid(blog[row]);
+        }
+    }
+}
+
 @compute @workgroup_size(256)
 fn kda_prep_run(
     @builtin(workgroup_id) wg: vec3<u32>,
@@ -113,14 +135,18 @@ fn kda_prep_run(
 ) {
     let unit = (wg.x + wg.y * nwg.x) * nsg + sg;
     let runs = (p.t_len + p.run - 1u) / p.run;
-    if (unit >= 3u * p.heads * runs) {
+    if (unit >= PREP_PARTS * p.heads * runs) {
         return;
     }
-    let part = unit % 3u;
-    let h = (unit / 3u) % p.heads;
-    let t0 = (unit / (3u * p.heads)) * p.run;
+    let part = unit % PREP_PARTS;
+    let h = (unit / PREP_PARTS) % p.heads;
+    let t0 = (unit / (PREP_PARTS * p.heads)) * p.run;
     let t1 = min(t0 + p.run, p.t_len);
     let cpl = p.dk / sgs;
+    if (part == 3u) {
+        prep_gate_run(h, t0, t1, lane, sgs, cpl);
+        return;
+    }
     let pd = p.heads * p.dk;
     let n3 = 3u * pd;
     let chan = h * p.dk + lane;
@@ -133,7 +159,6 @@ fn kda_prep_run(
     var xm1 = vec4<f32>(0.0);
     var xm2 = vec4<f32>(0.0);
     var xm3 = vec4<f32>(0.0);
-    var dtb = vec4<f32>(0.0);
     let ti = i32(t0);
     for (var i = 0u; i < 4u; i++) {
         let ch = part * pd + chan + sgs * min(i, cpl - 1u);
@@ -144,26 +169,13 @@ fn kda_prep_run(
         xm1[i] = conv_input(ti - 1, ch);
         xm2[i] = conv_input(ti - 2, ch);
         xm3[i] = conv_input(ti - 3, ch);
-        if (part == 2u) {
-            dtb[i] = dt_bias[chan + sgs * min(i, cpl - 1u)];
-        }
     }
-    let a = exp(a_log[h]);
     let rs = select(1.0, p.scale, part == 0u);
     var nx = prep_row4(t0 * n3 + part * pd + chan, sgs, cpl);
-    var nf = vec4<f32>(0.0);
-    if (part == 2u) {
-        nf = prep_gate4(t0 * pd + chan, sgs, cpl);
-    }
     for (var t = t0; t < t1; t++) {
         let x = nx;
-        let f = nf;
         // The next token's loads first (clamped to the run's last token).
-        let tn = min(t + 1u, t1 - 1u);
-        nx = prep_row4(tn * n3 + part * pd + chan, sgs, cpl);
-        if (part == 2u) {
-            nf = prep_gate4(tn * pd + chan, sgs, cpl);
-        }
+        nx = prep_row4(min(t + 1u, t1 - 1u) * n3 + part * pd + chan, sgs, cpl);
         var y = x;
         if (p.post_conv == 0u) {
             let z = wb0 * x + wb1 * xm1 + wb2 * xm2 + wb3 * xm3;
@@ -172,15 +184,9 @@ fn kda_prep_run(
             xm2 = xm1;
             xm1 = x;
         }
-        let row = t * p.heads + h;
-        let base = row * p.dk + lane;
+        let base = (t * p.heads + h) * p.dk + lane;
         if (part == 2u) {
             prep_store(2u, base, sgs, cpl, y);
-            let zg = f + dtb;
-            prep_store(3u, base, sgs, cpl, vec4<f32>(log_decay(a, zg.x), log_decay(a, zg.y), log_decay(a, zg.z), log_decay(a, zg.w)));
-            if (lane == 0u) {
-                beta_out[row] = sigmoid(blog[row]);
-            }
         } else {
             let ym = y * live;
             prep_store(part, base, sgs, cpl, y * (inverseSqrt(subgroupAdd(dot(ym, ym)) + 1e-6) * rs));

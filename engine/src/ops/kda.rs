@@ -29,6 +29,9 @@ pub const KDA_PREP_RUN: Kernel = Kernel::new("kda_prep_run", "kda_sg", "kda_prep
 /// kda_prep_run's workgroup size.
 const PREP_RUN_WG: usize = 256;
 
+/// kda_prep_run's subgroups per (head, run): q, k, v, and the gate with beta (PREP_PARTS).
+const PREP_RUN_PARTS: usize = 4;
+
 /// Longest run of kda_prep_run.
 const PREP_RUN_MAX: usize = 64;
 
@@ -37,7 +40,7 @@ const PREP_RUN_MAX: usize = 64;
 /// 512-token chunk, 288 workgroups, ran 7 % slower than kda_prep_sg on the H200; with runs
 /// of 8, 20 % faster); 8 at the least.
 fn prep_run_tokens(t_len: usize, heads: usize) -> usize {
-    let per_unit = (3 * heads * t_len / 16384).clamp(8, PREP_RUN_MAX);
+    let per_unit = (PREP_RUN_PARTS * heads * t_len / 16384).clamp(8, PREP_RUN_MAX);
     1 << per_unit.ilog2()
 }
 
@@ -570,7 +573,7 @@ pub fn prep_with(
     let rows = t_len * geom.heads;
     match kernel {
         PrepKernel::Run => {
-            let units = 3 * geom.heads * t_len.div_ceil(run);
+            let units = PREP_RUN_PARTS * geom.heads * t_len.div_ceil(run);
             let per_group = PREP_RUN_WG / gpu.caps.subgroup_min as usize;
             dispatch(gpu, enc, &KDA_PREP_RUN, &uniform, &bufs, units.div_ceil(per_group), profiler.as_deref_mut())?;
         }
