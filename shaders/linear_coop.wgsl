@@ -19,9 +19,9 @@
 //   in real checkpoints).
 // - Accumulation: the tensor cores' f32 accumulator truncates each MMA's sum, so one
 //   accumulator over all of K erred ~2.4e-9 * cols (8e-5 relative L2 at cols = 33792). The
-//   fragments are drained into f32 registers every DRAIN steps (256 k): ~8e-7 at every K3.1
-//   shape on the H200 (the SIMT kernel: 1-3e-6), for ~14 % of the speed. The host still runs
-//   this kernel only up to COOP_MAX_COLS (engine/src/ops/linear.rs).
+//   fragments are drained into f32 registers every DRAIN steps (1024 k): ~2.7e-6 at every
+//   K3.1 shape on the H200, the SIMT kernel's 1-3e-6 (every 256 k: ~8e-7, but 9-13 % slower).
+//   The host still runs this kernel only up to COOP_MAX_COLS (engine/src/ops/linear.rs).
 //
 // Tiling: a workgroup of 8 subgroups computes BM = 128 tokens x BN = 128 rows; subgroup sg owns
 // tokens 64 (sg / 4) .. +63 and rows 32 (sg % 4) .. +31 (4 x 2 accumulator fragments).
@@ -54,8 +54,8 @@ const BK: u32 = 32u;
 const KPT: u32 = 16u;      // k per thread per step
 const SS: u32 = 10u;        // vec4<f16> stride of a staged row
 const STAGE: u32 = 1280u;  // vec4<f16> per buffer: 128 rows x SS
-// K steps per drain of the accumulators into f32 (8 x BK = 256 k).
-const DRAIN: u32 = 8u;
+// K steps per drain of the accumulators into f32 (32 x BK = 1024 k).
+const DRAIN: u32 = 32u;
 
 var<workgroup> wt: array<vec4<f16>, 1280>; // [buffer][row n][k] f16(W)
 var<workgroup> xh: array<vec4<f16>, 1280>; // [buffer][token][k] hi part of x * s
@@ -299,7 +299,7 @@ fn linear_coop(
         let al3_1 = coopLoadT<coop_mat16x16<f16, A>>(&xl[xo + 48u * SS + 4u], SS);
         c30 = coopMultiplyAdd(al3_1, b0_1, c30);
         c31 = coopMultiplyAdd(al3_1, b1_1, c31);
-        // Tensor-core accumulation truncates: sums of at most DRAIN steps (256 k) go to f32.
+        // Tensor-core accumulation truncates: sums of at most DRAIN steps (1024 k) go to f32.
         if (!more || (st + 1u) % DRAIN == 0u) {
             drain(c00, 0u, sg, lane);
             drain(c01, 1u, sg, lane);
