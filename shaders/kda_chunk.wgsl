@@ -1041,6 +1041,11 @@ fn kda_chunk_state_r(
     }
 }
 
+// kda_chunk_state_b32 (32 columns, 64 threads, 16 KiB) and kda_chunk_state_b16 (16 columns,
+// 32 threads, 8 KiB): S in registers, broadcast operands (lib/kda_state_b.wgsl).
+#include "lib/kda_state_b.wgsl" BC=32u BR=8u kda_chunk_state_b=kda_chunk_state_b32 bs_t=bs_t32 bs_x=bs_x32 bs_fetch=bs_fetch32
+#include "lib/kda_state_b.wgsl" BC=16u BR=4u kda_chunk_state_b=kda_chunk_state_b16 bs_t=bs_t16 bs_x=bs_x16 bs_fetch=bs_fetch16
+
 // ---------------------------------------------------------------------------------------
 const LANES: u32 = 16u;   // value columns per kda_chunk_state16 workgroup
 const GROUPS: u32 = 16u;  // row groups per kda_chunk_state16 workgroup

@@ -116,6 +116,11 @@ pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chun
 /// The state pass with S in registers (kda_chunk_state_r): 16 value columns per workgroup of
 /// 128 threads, 16 KiB of workgroup memory; K <= 128.
 pub const KDA_CHUNK_STATE_R: Kernel = Kernel::new("kda_chunk_state_r", "kda_chunk", "kda_chunk_state_r").unchecked();
+/// The state pass with S in registers and broadcast operands (lib/kda_state_b.wgsl): 32
+/// value columns per workgroup of 64 threads, 16 KiB; K <= 128.
+pub const KDA_CHUNK_STATE_B32: Kernel = Kernel::new("kda_chunk_state_b32", "kda_chunk", "kda_chunk_state_b32").unchecked();
+/// The same at 16 value columns per workgroup of 32 threads, 8 KiB.
+pub const KDA_CHUNK_STATE_B16: Kernel = Kernel::new("kda_chunk_state_b16", "kda_chunk", "kda_chunk_state_b16").unchecked();
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out").unchecked();
 /// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
 pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
@@ -136,6 +141,8 @@ pub const KERNELS: &[Kernel] = &[
     KDA_CHUNK_INTRA_H,
     KDA_CHUNK_STATE,
     KDA_CHUNK_STATE16,
+    KDA_CHUNK_STATE_B32,
+    KDA_CHUNK_STATE_B16,
     KDA_CHUNK_OUT,
     KDA_COOP_SCAN,
 ];
@@ -272,16 +279,23 @@ pub enum StateVariant {
     /// kda_chunk_state_r: S in registers, 4 x 4 register tiles, 16 value columns per
     /// workgroup of 128 threads (16 KiB); K <= 128.
     Reg,
+    /// kda_chunk_state_b32: S in registers (a column and 64 channels per thread), w and kg
+    /// slices read as broadcasts, 32 value columns per workgroup of 64 threads (16 KiB); K <= 128.
+    Bcast,
+    /// kda_chunk_state_b16: the same at 16 columns per workgroup of 32 threads (8 KiB).
+    Bcast16,
 }
 
 impl StateVariant {
-    pub const ALL: [StateVariant; 3] = [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg];
+    pub const ALL: [StateVariant; 5] = [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg, StateVariant::Bcast, StateVariant::Bcast16];
 
     fn kernel(self) -> (&'static Kernel, usize) {
         match self {
             StateVariant::Staged => (&KDA_CHUNK_STATE, STATE_COLS),
             StateVariant::Narrow => (&KDA_CHUNK_STATE16, STATE16_COLS),
             StateVariant::Reg => (&KDA_CHUNK_STATE_R, STATE_R_COLS),
+            StateVariant::Bcast => (&KDA_CHUNK_STATE_B32, 32),
+            StateVariant::Bcast16 => (&KDA_CHUNK_STATE_B16, 16),
         }
     }
 
