@@ -1,6 +1,6 @@
 // kda_chunk_state_b: the state pass with S in registers and every staged operand read as a
-// broadcast. kda_chunk.wgsl includes it once per tile width, renaming BC (value columns per
-// workgroup), BR (rows per staged slice), the entry point, its arrays and its fetch.
+// broadcast. kda_chunk.wgsl includes it with BC (value columns per workgroup) and BR (rows per
+// staged slice) renamed to numbers: BC = 32, BR = 8.
 //   One workgroup of 2 BC threads per (head, BC value columns), sequential over chunks; thread
 //   (half = lid / BC, lane = lid % BC) keeps S[64 half .. 64 half + 63, column lane] as 16
 //   channel quads for the whole pass (K <= 128).
@@ -12,10 +12,16 @@
 //     a stage later (past the next barrier) each half finalizes its BR / 2 rows of the slice,
 //     U = u - own - other, into u and bs_x. No S_n tile in workgroup memory.
 //   - kg stages: S = diag(e^Gamma_last) S_n + kg^T U, kg quads broadcast, U from bs_x.
-// Workgroup memory: 2 slices [BR rows, 32 channel quads] + U [64, BC]: 16 KiB at BC = 32,
-// BR = 8; 8 KiB at BC = 16, BR = 4.
-var<workgroup> bs_t: array<vec4<f32>, 64u * BR>;
-var<workgroup> bs_x: array<f32, 64u * BC>;
+// Workgroup memory: 2 slices [BR rows, 32 channel quads] + U [64, BC] = 16 KiB.
+// On the H200 (T = 8192 x 96 heads x 128, 384 workgroups) 4.29 ms against 4.41 for the 41 KB
+// kda_chunk_state; only the first 132 workgroups (one per SM): 3.43 ms, so each workgroup's
+// serial chain, not the SMs' throughput, sets the time. Slower, all exact: BC = 16 (8 KiB) 5.13
+// ms; BR = 4 (12 KiB) 7.28; BR = 16 (24 KiB) 7.40; loads two stages ahead 4.93; a loader warp
+// staging w, kg and u two stages ahead (96 threads) 7.33, alone per SM 4.13. Each of those
+// keeps more registers live; spills (S and the decay are 128 per thread already) would explain
+// it, not established without a profiler.
+var<workgroup> bs_t: array<vec4<f32>, 64u * BR>;   // 2 slices [BR rows, 32 channel quads]
+var<workgroup> bs_x: array<f32, 64u * BC>;          // [C rows, BC columns]: partials, then U
 
 // Global loads of stage g of chunk n (g < 64 / BR: w rows, else kg rows), BR x 32 quads over
 // 2 BC threads; zeros past the last row, past K and past the last chunk.
