@@ -13,14 +13,16 @@
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
 //                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
 //                     (4 channels x 2 columns per thread). kda_chunk_state_r: the same with S in
-//                     registers, 16 columns per workgroup, 16 KiB (where the 41 KB one does not fit).
+//                     registers, 16 columns per workgroup, 16 KiB. kda_chunk_state_b (the default,
+//                     lib/kda_state_b.wgsl): S in registers, a column x 64 channels per thread,
+//                     w and kg read as broadcasts, 32 columns per workgroup, 16 KiB.
 // In intra (phases 1 and 4), state and out the next staged slice's global loads are issued before the
 // current slice is used (one slice in flight in registers).
 // Inner loops run a constant trip count (tiles zero-filled past K and past the last row), 4
 // steps at a time with the loads first. Workgroup memory stays below 48 KiB per kernel
 // (NVIDIA's Vulkan limit: a 57 KiB kernel hung the H200; lavapipe runs kernels above the 32
-// KiB it reports, so the tests do not catch an overrun); intra, state16 and out stay within
-// 32 KiB (Metal, DX12), where the host runs state16 instead of state (41 KB). The host runs intra (f32 outputs),
+// KiB it reports, so the tests do not catch an overrun); all but state (41 KB) stay within
+// 32 KiB (Metal, DX12), state_b and state_r within 16 KiB. The host runs intra (f32 outputs),
 // state and out without wgpu's runtime bounds checks: every index is in range by
 // construction (global reads are guarded by row < nv and channel/column < K).
 //   kda_chunk_out:    per (chunk, head, tile of OVT columns), in parallel: O = [qg | A_qk] [S_n ; U]
@@ -1040,6 +1042,11 @@ fn kda_chunk_state_r(
         store_tile4_state(h * kv + ch * p.dk + col, p.dk, s0, s1, s2, s3);
     }
 }
+
+// kda_chunk_state_b: S in registers, broadcast operands, 32 columns per workgroup of 64 threads,
+// 16 KiB (lib/kda_state_b.wgsl). On the H200 16 columns (32 threads, 8 KiB) were slower, and so
+// were slices of 4 or 16 rows (12 KiB, 24 KiB), see the include.
+#include "lib/kda_state_b.wgsl" BC=32u BR=8u
 
 // ---------------------------------------------------------------------------------------
 const LANES: u32 = 16u;   // value columns per kda_chunk_state16 workgroup

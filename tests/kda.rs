@@ -247,7 +247,7 @@ fn prefill_matches_reference() {
 }
 
 /// Every state-pass kernel, forced (on lavapipe, which reports 32 KiB of workgroup memory
-/// but runs more, the default is Reg and the 41 KB one runs only here): T across chunk
+/// but runs more, the default is Bcast and the 41 KB one runs only here): T across chunk
 /// edges, K = 16, 48, 64, 80, 128 (48, 80: 32-column tiles half empty; 256 for the narrow
 /// kernel), both gates, with and without an initial state.
 #[test]
@@ -275,24 +275,28 @@ fn prefill_state_variants_match_reference() {
     }
     eprintln!("state variants: worst rel L2 {worst:.2e}");
     let big = KdaGeom { heads: 1, head_dim: 256, taps: 4, gate: BOUNDED, post_conv: false };
-    assert!(!StateVariant::Staged.supports(&big));
+    assert!(!StateVariant::Staged.supports(&big) && !StateVariant::Bcast.supports(&big));
 }
 
 /// The prefill picks its kernels by the adapter's workgroup memory: the intra kernels and the
-/// register-tile state pass fit 32 KiB (Metal, DX12) and so run everywhere; the staged state
-/// pass only where its 41 KB fit (NVIDIA, AMD Vulkan; not lavapipe's reported 32 KiB), Reg
-/// otherwise, both for K <= 128.
+/// register state passes fit 32 KiB (Metal, DX12; Bcast and Reg 16 KiB) and so run everywhere;
+/// the staged state pass only where its 41 KB fit (NVIDIA, AMD Vulkan; not lavapipe's reported
+/// 32 KiB). The default for K <= 128 is Bcast, Narrow beyond.
 #[test]
 fn prefill_kernels_by_workgroup_memory() {
     let Some(gpu) = support::gpu() else { return };
     let p = &gpu.pipelines;
-    for kern in [kda::KDA_CHUNK_INTRA, kda::KDA_CHUNK_INTRA_H, kda::KDA_CHUNK_STATE16, kda::KDA_CHUNK_STATE_R, kda::KDA_CHUNK_OUT] {
+    for kern in [kda::KDA_CHUNK_INTRA, kda::KDA_CHUNK_INTRA_H, kda::KDA_CHUNK_STATE16, kda::KDA_CHUNK_STATE_R, kda::KDA_CHUNK_STATE_B, kda::KDA_CHUNK_OUT] {
         let b = p.workgroup_bytes(&kern).expect("measure");
         assert!(b <= 32 * 1024, "{}: {b} bytes", kern.name);
     }
+    for kern in [kda::KDA_CHUNK_STATE_R, kda::KDA_CHUNK_STATE_B] {
+        let b = p.workgroup_bytes(&kern).expect("measure");
+        assert!(b <= 16 * 1024, "{}: {b} bytes", kern.name);
+    }
     let staged_fits = p.fits(&gpu, &kda::KDA_CHUNK_STATE).expect("measure");
     assert_eq!(staged_fits, gpu.caps.max_workgroup_storage >= p.workgroup_bytes(&kda::KDA_CHUNK_STATE).unwrap());
-    for (k, want) in [(64, if staged_fits { StateVariant::Staged } else { StateVariant::Reg }), (256, StateVariant::Narrow)] {
+    for (k, want) in [(64, StateVariant::Bcast), (128, StateVariant::Bcast), (256, StateVariant::Narrow)] {
         let geom = KdaGeom { heads: 2, head_dim: k, taps: 4, gate: BOUNDED, post_conv: false };
         assert_eq!(StateVariant::default_for(&gpu, &geom).expect("choose"), want, "K={k}");
     }

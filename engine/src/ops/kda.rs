@@ -119,6 +119,9 @@ pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chun
 /// The state pass with S in registers (kda_chunk_state_r): 16 value columns per workgroup of
 /// 128 threads, 16 KiB of workgroup memory; K <= 128.
 pub const KDA_CHUNK_STATE_R: Kernel = Kernel::new("kda_chunk_state_r", "kda_chunk", "kda_chunk_state_r").unchecked();
+/// The state pass with S in registers and broadcast operands (lib/kda_state_b.wgsl): 32
+/// value columns per workgroup of 64 threads, 16 KiB; K <= 128. The default where K <= 128.
+pub const KDA_CHUNK_STATE_B: Kernel = Kernel::new("kda_chunk_state_b", "kda_chunk", "kda_chunk_state_b").unchecked();
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out").unchecked();
 /// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
 pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
@@ -139,6 +142,7 @@ pub const KERNELS: &[Kernel] = &[
     KDA_CHUNK_INTRA_H,
     KDA_CHUNK_STATE,
     KDA_CHUNK_STATE16,
+    KDA_CHUNK_STATE_B,
     KDA_CHUNK_OUT,
     KDA_COOP_SCAN,
 ];
@@ -260,6 +264,8 @@ const STATE_COLS: usize = 32;
 const STATE_KMAX: usize = 128;
 /// Value columns per kda_chunk_state_r workgroup (RCOLS in kda_chunk.wgsl).
 const STATE_R_COLS: usize = 16;
+/// Value columns per kda_chunk_state_b workgroup (BC in lib/kda_state_b.wgsl's include).
+const STATE_B_COLS: usize = 32;
 /// Value columns per kda_chunk_state16 workgroup (LANES in kda_chunk.wgsl).
 const STATE16_COLS: usize = 16;
 
@@ -275,16 +281,20 @@ pub enum StateVariant {
     /// kda_chunk_state_r: S in registers, 4 x 4 register tiles, 16 value columns per
     /// workgroup of 128 threads (16 KiB); K <= 128.
     Reg,
+    /// kda_chunk_state_b: S in registers (a column and 64 channels per thread), w and kg
+    /// slices read as broadcasts, 32 value columns per workgroup of 64 threads (16 KiB); K <= 128.
+    Bcast,
 }
 
 impl StateVariant {
-    pub const ALL: [StateVariant; 3] = [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg];
+    pub const ALL: [StateVariant; 4] = [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg, StateVariant::Bcast];
 
     fn kernel(self) -> (&'static Kernel, usize) {
         match self {
             StateVariant::Staged => (&KDA_CHUNK_STATE, STATE_COLS),
             StateVariant::Narrow => (&KDA_CHUNK_STATE16, STATE16_COLS),
             StateVariant::Reg => (&KDA_CHUNK_STATE_R, STATE_R_COLS),
+            StateVariant::Bcast => (&KDA_CHUNK_STATE_B, STATE_B_COLS),
         }
     }
 
@@ -299,12 +309,13 @@ impl StateVariant {
         Ok(self.supports(geom) && gpu.pipelines.fits(gpu, self.kernel().0)?)
     }
 
-    /// The variant [`chunk_prefill`] uses: the first of Staged, Reg that runs here (K <= 128,
-    /// workgroup memory within the adapter's), else Narrow. On the H200 at T = 8192 x 96 heads
-    /// x 128 the state pass took 4.41 ms (Staged), 4.35-4.46 ms (Reg) and 91.2 ms (Narrow):
-    /// Reg is what adapters limited to 32 KiB (Metal, DX12) run.
+    /// The variant [`chunk_prefill`] uses: the first of Bcast, Staged, Reg that runs here (K <=
+    /// 128, workgroup memory within the adapter's), else Narrow. On the H200 at T = 8192 x 96
+    /// heads x 128 the state pass took 4.29-4.30 ms (Bcast), 4.41-4.42 ms (Staged), 4.45-4.50
+    /// ms (Reg) and 91.3 ms (Narrow), same calls. Bcast's 16 KiB fit Metal, DX12 and 16 KiB
+    /// adapters, so Staged and Reg stay for comparison (and adapters that Bcast's size misses).
     pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> Result<StateVariant, GpuError> {
-        for sv in [StateVariant::Staged, StateVariant::Reg] {
+        for sv in [StateVariant::Bcast, StateVariant::Staged, StateVariant::Reg] {
             if sv.runs_on(gpu, geom)? {
                 return Ok(sv);
             }
