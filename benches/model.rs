@@ -2,7 +2,7 @@
 //! widths): per-layer-type decode time next to its bandwidth floor (weight bytes read /
 //! copy bandwidth measured in the same run), prefill tokens/s, and the per-token decode
 //! time of the full 93-layer K3.1 extrapolated from the measured layer types.
-//! Run: `cargo bench --bench model -- --model DIR [--prompt-tokens N] [--decode-tokens N] [--json FILE]`
+//! Run: `cargo bench --bench model -- --model DIR [--prompt-tokens N] [--decode-tokens N] [--json FILE] [--no-prewarm]`
 
 use k31_engine::bench::copy_bandwidth;
 use k31_engine::checkpoint::Checkpoint;
@@ -163,9 +163,22 @@ fn main() -> anyhow::Result<()> {
     let copy = copy_bandwidth(&gpu, 1 << 30)?;
     println!("copy bandwidth: {:.1} GB/s", copy / 1e9);
     let ck = Checkpoint::open(std::path::Path::new(&dir))?;
+    // As `k31 generate` does: every kernel compiles beside the weight upload (`--no-prewarm`:
+    // the first prompt builds what it uses, one kernel after the other).
+    let prewarm = !args.iter().any(|a| a == "--no-prewarm");
     let t = std::time::Instant::now();
-    let model = Model::load(gpu.clone(), &ck, prompt_n + 3 * decode_n + 8, &k31_engine::layers::load_ffn, |_, _| {})?;
-    println!("loaded {} in {:.1} s", dir, t.elapsed().as_secs_f64());
+    let (model, warmed) = std::thread::scope(|scope| {
+        let warm = scope.spawn(|| {
+            let t = std::time::Instant::now();
+            let n = if prewarm { k31_engine::ops::prewarm(&gpu) } else { 0 };
+            (n, t.elapsed().as_secs_f64())
+        });
+        let model = Model::load(gpu.clone(), &ck, prompt_n + 3 * decode_n + 8, &k31_engine::layers::load_ffn, |_, _| {});
+        (model, warm.join())
+    });
+    let model = model?;
+    let (warmed, warm_s) = warmed.map_err(|_| anyhow::anyhow!("the pipeline prewarm thread panicked"))?;
+    println!("loaded {} in {:.1} s ({warmed} pipelines prewarmed beside it in {warm_s:.2} s)", dir, t.elapsed().as_secs_f64());
     let cfg = model.config.clone();
     let ids: Vec<u32> = (0..prompt_n as u32).map(|i| (i * 7919 + 13) % cfg.vocab_size as u32).collect();
 

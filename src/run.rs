@@ -129,9 +129,13 @@ fn load(args: &ModelArgs, adapter: Option<&str>, need_tokenizer: bool) -> Result
         indicatif::ProgressStyle::with_template("loading {bar:40} {pos}/{len} layers {elapsed}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    let model = Model::load(gpu.clone(), &ck, context, &k31_engine::layers::load_ffn, |done, total| {
-        bar.set_length(total as u64);
-        bar.set_position(done as u64);
+    // The kernels compile beside the weight upload instead of during the first prompt.
+    let model = std::thread::scope(|scope| {
+        scope.spawn(|| k31_engine::ops::prewarm(&gpu));
+        Model::load(gpu.clone(), &ck, context, &k31_engine::layers::load_ffn, |done, total| {
+            bar.set_length(total as u64);
+            bar.set_position(done as u64);
+        })
     })?;
     bar.finish_and_clear();
     Ok(Loaded { gpu, model, tokenizer })

@@ -154,3 +154,25 @@ fn oversized_binding_is_an_error() {
     g.flush(&mut enc);
     assert_eq!(g.read::<f32>(&out, 64).unwrap(), head);
 }
+
+/// Prewarming builds, on several threads at once, exactly the kernels the adapter runs and
+/// caches them: a later `get` returns the same pipeline, and a kernel the adapter cannot run is
+/// skipped and still refused by `get` with an error naming it.
+#[test]
+fn prewarmed_pipelines_are_the_cached_ones() {
+    let Some(g) = gpu() else { return };
+    use k31_engine::ops::{copy::COPY_VEC4, gemv::GEMV_BF16};
+    let mut kernels = vec![COPY_VEC4, GEMV_BF16];
+    // A variant needing a feature the adapter lacks (lavapipe: cooperative matrices).
+    let unrunnable = k31_engine::ops::all_kernels().into_iter().find(|k| k31_engine::gpu::pipelines::lacks_feature(&g, k));
+    kernels.extend(unrunnable);
+    assert_eq!(g.pipelines.prewarm(&g, &kernels, 3), 2, "the two runnable kernels, nothing else");
+    let first = g.pipelines.get(&g, &COPY_VEC4).expect("copy");
+    assert_eq!(g.pipelines.prewarm(&g, &kernels, 3), 2, "cached kernels count as built");
+    assert!(std::sync::Arc::ptr_eq(&first, &g.pipelines.get(&g, &COPY_VEC4).expect("copy")), "not rebuilt");
+    if let Some(k) = unrunnable {
+        assert!(!g.pipelines.runs_here(&g, &k));
+        let err = g.pipelines.get(&g, &k).err().unwrap_or_else(|| panic!("{} was built", k.name)).to_string();
+        assert!(err.contains(k.name), "{err}");
+    }
+}

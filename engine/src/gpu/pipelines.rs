@@ -3,7 +3,7 @@
 
 use super::{Gpu, GpuError};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// One kernel variant: a shader file, an entry point and the override constants that
@@ -88,7 +88,8 @@ pub struct PipelineCache {
     workgroup: Mutex<HashMap<&'static str, HashMap<String, u32>>>,
     /// Refuse kernels over the workgroup limit on lavapipe too (see [`PipelineCache::get`]).
     strict: AtomicBool,
-    /// Host time spent building pipelines, in nanoseconds (a process's first prompt pays it).
+    /// Host time spent building pipelines, in nanoseconds, summed over threads (a process's
+    /// first prompt pays it unless `prewarm` built them beside the weight upload).
     build_nanos: AtomicU64,
 }
 
@@ -96,6 +97,11 @@ pub struct PipelineCache {
 /// can run the larger variants there (the GL driver on the same llvmpipe enforces it).
 fn runs_past_workgroup_limit(gpu: &Gpu) -> bool {
     gpu.info.backend == wgpu::Backend::Vulkan && gpu.info.name.contains("llvmpipe")
+}
+
+/// Whether `k` needs a device feature the adapter lacks.
+pub fn lacks_feature(gpu: &Gpu, k: &Kernel) -> bool {
+    (k.needs_subgroups && !gpu.caps.subgroups) || (k.needs_f16 && !gpu.caps.f16) || (k.needs_coopmat && !gpu.caps.coopmat)
 }
 
 impl PipelineCache {
@@ -121,29 +127,59 @@ impl PipelineCache {
     /// its entry points: `get` asks this for every kernel it builds.
     pub fn workgroup_bytes(&self, k: &Kernel) -> Result<u32, GpuError> {
         let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
-        let mut known = self.workgroup.lock().unwrap_or_else(|p| p.into_inner());
-        if !known.contains_key(k.shader) {
-            let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
-            let module = naga::front::wgsl::parse_str(src).map_err(|e| fail(e.emit_to_string(src)))?;
-            let info = naga::valid::Validator::new(naga::valid::ValidationFlags::empty(), naga::valid::Capabilities::all())
-                .validate(&module)
-                .map_err(|e| fail(e.emit_to_string(src)))?;
-            let entries = module.entry_points.iter().filter_map(|e| Some((e.name.clone(), workgroup_bytes(&module, &info, &e.name)?)));
-            known.insert(k.shader, entries.collect());
+        let lookup = |entries: &HashMap<String, u32>| entries.get(k.entry).copied().ok_or_else(|| fail("no such entry point".into()));
+        if let Some(entries) = self.workgroup.lock().unwrap_or_else(|p| p.into_inner()).get(k.shader) {
+            return lookup(entries);
         }
-        known[k.shader].get(k.entry).copied().ok_or_else(|| fail("no such entry point".into()))
+        // Parsed without the lock held, so that threads prewarming other shaders do not wait.
+        let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
+        let module = naga::front::wgsl::parse_str(src).map_err(|e| fail(e.emit_to_string(src)))?;
+        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::empty(), naga::valid::Capabilities::all())
+            .validate(&module)
+            .map_err(|e| fail(e.emit_to_string(src)))?;
+        let entries = module.entry_points.iter().filter_map(|e| Some((e.name.clone(), workgroup_bytes(&module, &info, &e.name)?)));
+        let mut known = self.workgroup.lock().unwrap_or_else(|p| p.into_inner());
+        lookup(known.entry(k.shader).or_insert_with(|| entries.collect()))
+    }
+
+    /// Whether `k` can be built here: the features it needs, and workgroup memory within the
+    /// adapter's limit.
+    pub fn runs_here(&self, gpu: &Gpu, k: &Kernel) -> bool {
+        !lacks_feature(gpu, k) && self.fits(gpu, k).unwrap_or(false)
+    }
+
+    /// Builds every kernel of `kernels` that runs here on up to `threads` threads, so that the
+    /// first prompt of a process does not compile its kernels one after the other (the driver
+    /// took ~4.5 s for the k31-slice's first prompt on an H200). Meant to run beside the weight
+    /// upload. A kernel that fails to build is not cached, so the op that asks for it later
+    /// gets the error. Returns how many were built.
+    pub fn prewarm(&self, gpu: &Gpu, kernels: &[Kernel], threads: usize) -> usize {
+        let todo: Vec<&Kernel> = kernels.iter().filter(|k| self.runs_here(gpu, k)).collect();
+        let next = AtomicUsize::new(0);
+        let built = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..threads.clamp(1, todo.len().max(1)) {
+                scope.spawn(|| {
+                    while let Some(k) = todo.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        if self.get(gpu, k).is_ok() {
+                            built.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        built.into_inner()
     }
 
     /// The pipeline of `k`, built on first use. A kernel whose workgroup memory exceeds the
     /// adapter's `max_compute_workgroup_storage_size` is an error here (drivers would fail or
     /// hang on it later), except on lavapipe (see `runs_past_workgroup_limit`).
     pub fn get(&self, gpu: &Gpu, k: &Kernel) -> Result<Arc<wgpu::ComputePipeline>, GpuError> {
-        let mut built = self.built.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = built.get(k.name) {
+        if let Some(p) = self.built.lock().unwrap_or_else(|p| p.into_inner()).get(k.name) {
             return Ok(p.clone());
         }
         let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
-        if (k.needs_subgroups && !gpu.caps.subgroups) || (k.needs_f16 && !gpu.caps.f16) || (k.needs_coopmat && !gpu.caps.coopmat) {
+        if lacks_feature(gpu, k) {
             return Err(fail(format!("kernel {} needs a feature this adapter lacks", k.name)));
         }
         let limit = gpu.caps.max_workgroup_storage;
@@ -179,8 +215,9 @@ impl PipelineCache {
         if let Some(err) = error {
             return Err(fail(err.to_string()));
         }
-        let p = Arc::new(pipeline);
-        built.insert(k.name, p.clone());
-        Ok(p)
+        // Built without the lock held (threads build in parallel); a kernel two threads built
+        // at once keeps the first one stored.
+        let mut built = self.built.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(built.entry(k.name).or_insert_with(|| Arc::new(pipeline)).clone())
     }
 }

@@ -12,7 +12,7 @@ pub mod moe;
 pub mod norm;
 pub mod router;
 
-use crate::gpu::Kernel;
+use crate::gpu::{Gpu, Kernel};
 
 /// A kernel parameter struct defined once in Rust and mirrored by a WGSL struct of the same
 /// name; a test compares size and field offsets through naga.
@@ -72,4 +72,16 @@ pub fn all_params() -> Vec<ParamsLayout> {
 pub fn all_kernels() -> Vec<Kernel> {
     [copy::KERNELS, gemv::KERNELS, embed::KERNELS, kda::KERNELS, dsa::KERNELS, moe::KERNELS, router::KERNELS, norm::KERNELS, attn_res::KERNELS, linear::KERNELS]
         .concat()
+}
+
+/// Builds every kernel variant this adapter runs, on all cores but one, so that the first prompt
+/// of a process does not wait for the driver to compile them one by one: run it beside the
+/// weight upload. A no-op on software adapters (lavapipe), where the compiles would take the
+/// CPU from everything else. Returns how many pipelines were built.
+pub fn prewarm(gpu: &Gpu) -> usize {
+    if gpu.info.device_type == wgpu::DeviceType::Cpu {
+        return 0;
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_sub(1).max(1);
+    gpu.pipelines.prewarm(gpu, &all_kernels(), threads)
 }
