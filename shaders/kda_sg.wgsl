@@ -62,11 +62,11 @@ fn kda_prep_sg(
 // dk / sgs <= 4); q, k and v keep their conv weights and the last three inputs in registers, so
 // each input is loaded once, not once per tap, and the weights once per run, not per token
 // (kda_prep_sg re-reads both for every (token, head) row). The slots are the components of vec4s
-// (one per tap, one per window position): no private arrays, which the NVIDIA compile put in
-// local memory when indexed in loops (2x slower). The next token's inputs load before the current
-// one is computed. Runs are p.run tokens (the host shortens them for short prompts).
-// Preconditions (host-checked): taps <= 4, dk % sgs == 0, dk / sgs <= 4, a fixed subgroup size,
-// run >= 1.
+// (one per tap, one per window position): with private arrays indexed in loops under runtime
+// guards the kernel ran 2x slower on the H200 (most likely local memory). The next token's
+// inputs load before the current one is computed. Runs are p.run tokens (the host shortens them
+// for short prompts). Preconditions (host-checked): taps <= 4, dk % sgs == 0, dk / sgs <= 4, a
+// fixed subgroup size, run >= 1.
 const PREP_PARTS: u32 = 4u;
 
 // Slot i's element of a row, at `base` + sgs i; slots past cpl repeat the last one (in range,
