@@ -176,3 +176,25 @@ fn parameter_structs_match_their_wgsl_twins() {
         assert_eq!(wgsl, rust, "{}: field names/offsets differ between WGSL and Rust", p.name);
     }
 }
+
+/// Every kernel an op declares with `Kernel::new("name", ..)` is in `ops::all_kernels()`, the
+/// table this file translates and `ops::prewarm` builds (kda_chunk_state_r was missing from it
+/// for a session).
+#[test]
+fn every_declared_kernel_is_listed() {
+    let listed: Vec<&str> = ops::all_kernels().iter().map(|k| k.name).collect();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("engine/src/ops");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("reading engine/src/ops") {
+        let path = entry.expect("ops entry").path();
+        let src = std::fs::read_to_string(&path).expect("reading an op");
+        for (i, _) in src.match_indices("Kernel::new(\"") {
+            let rest = &src[i + "Kernel::new(\"".len()..];
+            let name = &rest[..rest.find('"').expect("closing quote")];
+            if !listed.contains(&name) {
+                missing.push(format!("{}: {name}", path.display()));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "kernels missing from their op's KERNELS: {missing:?}");
+}
