@@ -310,18 +310,13 @@ impl StateVariant {
         Ok(self.supports(geom) && gpu.pipelines.fits(gpu, self.kernel().0)?)
     }
 
-    /// The variant [`chunk_prefill`] uses: the first of Bcast, Staged, Reg that runs here (K <=
-    /// 128, workgroup memory within the adapter's), else Narrow. On the H200 at T = 8192 x 96
-    /// heads x 128 the state pass took 4.29-4.30 ms (Bcast), 4.41-4.42 ms (Staged), 4.45-4.50
-    /// ms (Reg) and 91.3 ms (Narrow), same calls. Bcast's 16 KiB fit Metal, DX12 and 16 KiB
-    /// adapters, so Staged and Reg stay for comparison (and adapters that Bcast's size misses).
+    /// The variant [`chunk_prefill`] uses: Bcast where it runs (K <= 128, 16 KiB of workgroup
+    /// memory), else Narrow. Staged (41 KB) and Reg (16 KiB) have the same K limit and need at
+    /// least as much memory, so wherever they run Bcast does, and it was the fastest on the H200
+    /// at T = 8192 x 96 heads x 128: 4.29-4.30 ms against 4.41-4.42 (Staged), 4.45-4.50 (Reg) and
+    /// 91.3 ms (Narrow), same calls. They stay selectable for comparison on other adapters.
     pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> Result<StateVariant, GpuError> {
-        for sv in [StateVariant::Bcast, StateVariant::Staged, StateVariant::Reg] {
-            if sv.runs_on(gpu, geom)? {
-                return Ok(sv);
-            }
-        }
-        Ok(StateVariant::Narrow)
+        Ok(if StateVariant::Bcast.runs_on(gpu, geom)? { StateVariant::Bcast } else { StateVariant::Narrow })
     }
 }
 
