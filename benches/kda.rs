@@ -312,6 +312,19 @@ fn main() -> anyhow::Result<()> {
         let (eo, es) = (errors(&o_sub, &want_o), errors(&s_all[..check_heads * dk * dk], &want_s));
         Ok((o_all, s_all, eo, es))
     };
+    // One run of `record` with per-kernel timestamps: the kernels' GPU times, largest first
+    // (empty where the adapter has no timestamp queries).
+    let profiled_run = |record: &mut Record| -> Result<Vec<k31_engine::gpu::OpTime>, GpuError> {
+        let mut prof = Profiler::new(&gpu, 64);
+        if !prof.enabled() {
+            return Ok(Vec::new());
+        }
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        record(&mut enc, Some(&mut prof))?;
+        gpu.queue.submit([enc.finish()]);
+        prof.collect(&gpu)?;
+        Ok(prof.report())
+    };
     for path in paths {
         let scratch = ChunkScratch::for_path(&gpu, &geom, t_len, path)?;
         let mut record = |enc: &mut wgpu::CommandEncoder, mut prof: Option<&mut Profiler>| -> Result<(), GpuError> {
@@ -328,16 +341,9 @@ fn main() -> anyhow::Result<()> {
         println!("{:<56} {:>10.2} us  {:>9.2} TFLOP/s  ({:.2} M tokens/s)", name, t_pre * 1e6, flops / t_pre / 1e12, t_len as f64 / t_pre / 1e6);
         rows.push(Row { name, time_us: t_pre * 1e6, rate: flops / t_pre / 1e12, ceiling: f64::NAN, unit: "TFLOP/s" });
         note(&mut extra, &format!("prefill_{path:?}_us"), t_pre * 1e6);
-        let mut prof = Profiler::new(&gpu, 64);
-        if prof.enabled() {
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            record(&mut enc, Some(&mut prof))?;
-            gpu.queue.submit([enc.finish()]);
-            prof.collect(&gpu)?;
-            for op in prof.report() {
-                println!("    {:<32} {:>10.1} us", op.label, op.total_ns / 1e3);
-                note(&mut extra, &format!("prefill_{path:?}_{}_us", op.label), op.total_ns / 1e3);
-            }
+        for op in profiled_run(&mut record)? {
+            println!("    {:<32} {:>10.1} us", op.label, op.total_ns / 1e3);
+            note(&mut extra, &format!("prefill_{path:?}_{}_us", op.label), op.total_ns / 1e3);
         }
         // Errors: one more run from S0 = 0, against the CPU reference on the first heads.
         let (o_all, s_all, (eo, mo), (es, ms)) = checked_run(&mut record)?;
@@ -370,15 +376,9 @@ fn main() -> anyhow::Result<()> {
             };
             let t_sv = time_gpu(&gpu, 2, 10, &mut record)?;
             t_best = t_best.min(t_sv);
-            let mut state_us = f64::NAN;
-            let mut prof = Profiler::new(&gpu, 64);
-            if prof.enabled() {
-                let mut enc = gpu.device.create_command_encoder(&Default::default());
-                record(&mut enc, Some(&mut prof))?;
-                gpu.queue.submit([enc.finish()]);
-                prof.collect(&gpu)?;
-                state_us = prof.report().iter().filter(|op| op.label.starts_with("kda_chunk_state")).map(|op| op.total_ns / 1e3).sum();
-            }
+            let ops = profiled_run(&mut record)?;
+            let state_ops = ops.iter().filter(|op| op.label.starts_with("kda_chunk_state"));
+            let state_us = if ops.is_empty() { f64::NAN } else { state_ops.map(|op| op.total_ns / 1e3).sum() };
             let (_, _, (eo, _), (es, _)) = checked_run(&mut record)?;
             println!("      [{sv:?}] prefill {:>9.1} us, state pass {state_us:>8.1} us; vs f64: o {eo:.2e}, state {es:.2e}", t_sv * 1e6);
             note(&mut extra, &format!("prefill_state_{sv:?}_us"), t_sv * 1e6);

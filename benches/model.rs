@@ -33,6 +33,11 @@ fn bytes_read(cfg: &ModelConfig) -> BTreeMap<(usize, &'static str), f64> {
     m
 }
 
+/// The full K3.1 config, the model the slice's figures are extrapolated to.
+fn k31_full() -> anyhow::Result<ModelConfig> {
+    Ok(ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?)
+}
+
 /// Per-scope GPU time against its floor, and the full 93-layer K3.1 extrapolated from the
 /// time of each layer kind (layer 0 once, the mean of the others for the rest): ((GPU us,
 /// floor us) per token, JSON rows).
@@ -59,7 +64,7 @@ fn extrapolate(cfg: &ModelConfig, copy: f64, per_scope: &[k31_engine::gpu::OpTim
         rows.push(serde_json::json!({"scope": op.label, "gpu_us": us, "floor_us": floor_us}));
     }
     // Extrapolate to the full K3.1: per-type times x the counts of the real schedule.
-    let full = ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?;
+    let full = k31_full()?;
     let count = |m: k31_engine::config::Mixer| full.count_mixer(m) as f64;
     // n layers of a kind: layer 0's part counted once as itself (it also holds the first
     // input norm, ~10 us), the other n - 1 as the mean of the slice's other layers of the kind.
@@ -122,8 +127,7 @@ fn attn_res_points(cfg: &ModelConfig) -> Vec<usize> {
 /// counts cost per token against the slice's: the extrapolation's under-count (ms).
 fn attn_res_sources(gpu: &Gpu, cfg: &ModelConfig) -> anyhow::Result<f64> {
     use k31_engine::ops::attn_res;
-    let full = ModelConfig::from_json(&serde_json::from_str(include_str!("../models/configs/kimi-k3.1-pro.json"))?)?;
-    let (deep, slice) = (attn_res_points(&full), attn_res_points(cfg));
+    let (deep, slice) = (attn_res_points(&k31_full()?), attn_res_points(cfg));
     let Some(&max_n) = deep.iter().chain(&slice).max() else { return Ok(0.0) };
     let d = cfg.hidden_size;
     let bf16_ones = gpu.storage_from("attn_res bf16 vectors", &vec![0x3f80_3f80u32; d.div_ceil(2)]);
@@ -167,17 +171,10 @@ fn main() -> anyhow::Result<()> {
     // the first prompt builds what it uses, one kernel after the other).
     let prewarm = !args.iter().any(|a| a == "--no-prewarm");
     let t = std::time::Instant::now();
-    let (model, warmed) = std::thread::scope(|scope| {
-        let warm = scope.spawn(|| {
-            let t = std::time::Instant::now();
-            let n = if prewarm { k31_engine::ops::prewarm(&gpu) } else { 0 };
-            (n, t.elapsed().as_secs_f64())
-        });
-        let model = Model::load(gpu.clone(), &ck, prompt_n + 3 * decode_n + 8, &k31_engine::layers::load_ffn, |_, _| {});
-        (model, warm.join())
-    });
+    let load = || Model::load(gpu.clone(), &ck, prompt_n + 3 * decode_n + 8, &k31_engine::layers::load_ffn, |_, _| {});
+    let (model, warmed) = if prewarm { k31_engine::ops::beside_prewarm(&gpu, load) } else { (load(), Some((0, 0.0))) };
     let model = model?;
-    let (warmed, warm_s) = warmed.map_err(|_| anyhow::anyhow!("the pipeline prewarm thread panicked"))?;
+    let (warmed, warm_s) = warmed.ok_or_else(|| anyhow::anyhow!("the pipeline prewarm thread panicked"))?;
     println!("loaded {} in {:.1} s ({warmed} pipelines prewarmed beside it in {warm_s:.2} s)", dir, t.elapsed().as_secs_f64());
     let cfg = model.config.clone();
     let ids: Vec<u32> = (0..prompt_n as u32).map(|i| (i * 7919 + 13) % cfg.vocab_size as u32).collect();

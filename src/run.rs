@@ -129,18 +129,14 @@ fn load(args: &ModelArgs, adapter: Option<&str>, need_tokenizer: bool) -> Result
         indicatif::ProgressStyle::with_template("loading {bar:40} {pos}/{len} layers {elapsed}")
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
-    // The kernels compile beside the weight upload instead of during the first prompt. A
-    // prewarm that failed only leaves the kernels to be built on first use: its result is
-    // joined and dropped, so it cannot take the load down with it.
-    let model = std::thread::scope(|scope| {
-        let warm = scope.spawn(|| k31_engine::ops::prewarm(&gpu));
-        let model = Model::load(gpu.clone(), &ck, context, &k31_engine::layers::load_ffn, |done, total| {
+    // The kernels compile beside the weight upload instead of during the first prompt.
+    let (model, _) = k31_engine::ops::beside_prewarm(&gpu, || {
+        Model::load(gpu.clone(), &ck, context, &k31_engine::layers::load_ffn, |done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
-        });
-        let _ = warm.join();
-        model
-    })?;
+        })
+    });
+    let model = model?;
     bar.finish_and_clear();
     Ok(Loaded { gpu, model, tokenizer })
 }

@@ -85,3 +85,18 @@ pub fn prewarm(gpu: &Gpu) -> usize {
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).saturating_sub(1).max(1);
     gpu.pipelines.prewarm(gpu, &all_kernels(), threads)
 }
+
+/// Runs `work` (a weight upload) while [`prewarm`] builds the kernels on other threads. Returns
+/// its result with the pipelines built and the prewarm's seconds, or None where the prewarm
+/// thread panicked: that only leaves kernels to be built on first use, so it cannot take
+/// `work` down with it.
+pub fn beside_prewarm<R>(gpu: &Gpu, work: impl FnOnce() -> R) -> (R, Option<(usize, f64)>) {
+    std::thread::scope(|scope| {
+        let warm = scope.spawn(|| {
+            let t = std::time::Instant::now();
+            (prewarm(gpu), t.elapsed().as_secs_f64())
+        });
+        let out = work();
+        (out, warm.join().ok())
+    })
+}
