@@ -5,13 +5,17 @@
 use k31_engine::{ops, shaders};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 
+/// The capabilities k31 may enable on a device; variants that need one declare it.
+/// (f16-in-f32 packing is core WGSL; naga gates it only for GL ES downlevel devices.)
+const CAPS: Capabilities = Capabilities::SUBGROUP
+    .union(Capabilities::SHADER_FLOAT16)
+    .union(Capabilities::SHADER_INT64)
+    .union(Capabilities::COOPERATIVE_MATRIX)
+    .union(Capabilities::SHADER_FLOAT16_IN_FLOAT32);
+
 fn validate(name: &str, src: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string_with_path(src, name))?;
-    // The capabilities k31 may enable on a device; variants that need one declare it.
-    // (f16-in-f32 packing is core WGSL; naga gates it only for GL ES downlevel devices.)
-    let caps = Capabilities::SUBGROUP | Capabilities::SHADER_FLOAT16 | Capabilities::SHADER_INT64 | Capabilities::COOPERATIVE_MATRIX
-        | Capabilities::SHADER_FLOAT16_IN_FLOAT32;
-    let info = Validator::new(ValidationFlags::all(), caps)
+    let info = Validator::new(ValidationFlags::all(), CAPS)
         .validate(&module)
         .map_err(|e| e.emit_to_string_with_path(src, name))?;
     Ok((module, info))
@@ -115,8 +119,8 @@ fn every_kernel_variant_specialises_and_translates() {
     }
     for k in ops::all_kernels() {
         let src = shaders::source(k.shader).unwrap_or_else(|| panic!("kernel {} names unknown shader {}", k.name, k.shader));
-        let (module, info) = match validate(k.shader, src) {
-            Ok(x) => x,
+        let module = match validate(k.shader, src) {
+            Ok((m, _)) => m,
             Err(e) => {
                 errors.push(e);
                 continue;
@@ -126,16 +130,12 @@ fn every_kernel_variant_specialises_and_translates() {
             errors.push(format!("kernel {}: shader {} has no entry point {}", k.name, k.shader, k.entry));
             continue;
         }
-        let mut constants = naga::back::PipelineConstants::default();
-        for (c, v) in k.constants {
-            constants.insert(c.to_string(), *v);
-        }
-        let resolved = naga::back::pipeline_constants::process_overrides(
-            &module,
-            &info,
-            Some((naga::ShaderStage::Compute, k.entry)),
-            &constants,
-        );
+        // The module as PipelineCache::get builds it (overrides applied, its entry point only,
+        // the buffers it never writes read-only), validated with the capabilities k31 may enable.
+        let resolved = k31_engine::gpu::pipelines::specialise(src, k.entry, k.constants).and_then(|m| {
+            let i = Validator::new(ValidationFlags::all(), CAPS).validate(&m).map_err(|e| e.emit_to_string(src))?;
+            Ok((m, i))
+        });
         match resolved {
             Ok((m, i)) => {
                 if let Err(e) = translate(k.name, &m, &i, k.needs_coopmat) {
@@ -149,7 +149,7 @@ fn every_kernel_variant_specialises_and_translates() {
                     errors.push(format!("kernel {}: the fallback for 32 KiB adapters uses {bytes} bytes of workgroup memory", k.name));
                 }
             }
-            Err(e) => errors.push(format!("kernel {}: overrides: {e}", k.name)),
+            Err(e) => errors.push(format!("kernel {}: specialising: {e}", k.name)),
         }
     }
     assert!(errors.is_empty(), "{}", errors.join("\n"));

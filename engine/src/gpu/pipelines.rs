@@ -81,6 +81,34 @@ pub fn workgroup_bytes(module: &naga::Module, info: &naga::valid::ModuleInfo, en
     )
 }
 
+/// `entry` of the WGSL `src` as the engine builds it: the override `constants` applied, the
+/// module reduced to that entry point, and every storage buffer the entry point never writes
+/// declared read-only. Why: NVIDIA's Vulkan compiler turns each load from a `read_write` buffer
+/// into a coherent `LDG.E.STRONG.SM`, which it neither merges into wider loads nor sends down
+/// the read-only path (tools/nvidia_sass.py shows it), and a module such as kda_chunk.wgsl
+/// declares a buffer `read_write` for the kernel that writes it and for those that only read it.
+pub fn specialise(src: &str, entry: &str, constants: &[(&str, f64)]) -> Result<naga::Module, String> {
+    use naga::valid::{Capabilities, GlobalUse, ValidationFlags, Validator};
+    let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
+    let info = Validator::new(ValidationFlags::all(), Capabilities::all()).validate(&module).map_err(|e| e.emit_to_string(src))?;
+    let values: naga::back::PipelineConstants = constants.iter().map(|(c, v)| (c.to_string(), *v)).collect();
+    let (module, info) =
+        naga::back::pipeline_constants::process_overrides(&module, &info, Some((naga::ShaderStage::Compute, entry)), &values)
+            .map_err(|e| format!("overrides: {e}"))?;
+    let index = module.entry_points.iter().position(|e| e.name == entry).ok_or_else(|| format!("no entry point {entry}"))?;
+    let uses = info.get_entry_point(index);
+    let mut module = module.into_owned();
+    for (h, var) in module.global_variables.iter_mut() {
+        if let naga::AddressSpace::Storage { access } = &mut var.space
+            && access.contains(naga::StorageAccess::STORE)
+            && !uses[h].intersects(GlobalUse::WRITE | GlobalUse::ATOMIC)
+        {
+            *access = naga::StorageAccess::LOAD;
+        }
+    }
+    Ok(module)
+}
+
 #[derive(Default)]
 pub struct PipelineCache {
     built: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
@@ -194,8 +222,11 @@ impl PipelineCache {
         }
         let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
         let started = std::time::Instant::now();
+        // Overrides are applied here, so the pipeline gets no constants.
+        let specialised = specialise(src, k.entry, k.constants).map_err(fail)?;
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let desc = wgpu::ShaderModuleDescriptor { label: Some(k.shader), source: wgpu::ShaderSource::Wgsl(src.into()) };
+        let source = wgpu::ShaderSource::Naga(std::borrow::Cow::Owned(specialised));
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(k.shader), source };
         let module = if k.unchecked {
             // SAFETY: `unchecked` kernels index only within host-validated extents (see the field).
             unsafe { gpu.device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
@@ -207,7 +238,7 @@ impl PipelineCache {
             layout: None,
             module: &module,
             entry_point: Some(k.entry),
-            compilation_options: wgpu::PipelineCompilationOptions { constants: k.constants, ..Default::default() },
+            compilation_options: wgpu::PipelineCompilationOptions::default(),
             cache: None,
         });
         let error = pollster::block_on(scope.pop());
