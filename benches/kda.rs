@@ -17,9 +17,10 @@
 //! * the same 8192 tokens token by token through the decode kernel (wall clock of one
 //!   submission), for the >= 20x comparison.
 //!
-//! Run: `cargo bench --bench kda -- [--quick] [--decode-only | --prefill-only] [--json FILE]`
-//! (`--decode-only`: the decode section and its targets only; `--prefill-only`: everything
-//! but the decode timings).
+//! Run: `cargo bench --bench kda -- [--quick] [--decode-only | --prefill-only | --state-only]
+//! [--json FILE]` (`--decode-only`: the decode section and its targets only; `--prefill-only`:
+//! everything but the decode timings; `--state-only`: the SIMT prefill with each state-pass
+//! kernel, nothing else).
 
 use k31_engine::bench::{copy_bandwidth, median_span, time_gpu, Row};
 use k31_engine::config::KdaGate;
@@ -90,7 +91,9 @@ fn main() -> anyhow::Result<()> {
     let json_out = args.iter().position(|a| a == "--json").and_then(|i| args.get(i + 1)).cloned();
     let quick = args.iter().any(|a| a == "--quick");
     let decode_only = args.iter().any(|a| a == "--decode-only");
-    let prefill_only = args.iter().any(|a| a == "--prefill-only");
+    // --state-only: only the SIMT path's state-pass variants (kernel experiments).
+    let state_only = args.iter().any(|a| a == "--state-only");
+    let prefill_only = state_only || args.iter().any(|a| a == "--prefill-only");
     let gpu = Gpu::open(None)?;
     println!("GPU: {}  (coopmat: {}, workgroup memory limit {} B)", gpu.describe(), gpu.caps.coopmat, gpu.caps.max_workgroup_storage);
     let copy = copy_bandwidth(&gpu, if quick { 64 << 20 } else { 1 << 30 })? / 1e9;
@@ -296,6 +299,9 @@ fn main() -> anyhow::Result<()> {
     // SIMT first: the coop path is then compared with it as well as with the reference.
     let mut paths = ChunkPath::available(&gpu, &geom);
     paths.sort_by_key(|p| *p != ChunkPath::Simt);
+    if state_only {
+        paths.clear();
+    }
     let mut t_best = f64::INFINITY;
     let mut simt_out: Option<(Vec<f32>, Vec<f32>)> = None;
     // One run of `record` (which starts from S0 = 0): all heads' o and final state, and their
@@ -388,6 +394,9 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
+    if state_only {
+        return Ok(());
+    }
     // The coop path at awkward shapes against the SIMT path (itself tested against the f64
     // reference at these shapes on lavapipe).
     if ChunkPath::available(&gpu, &geom).contains(&ChunkPath::Coop) {

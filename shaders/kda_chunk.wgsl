@@ -13,9 +13,10 @@
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
 //                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
 //                     (4 channels x 2 columns per thread). kda_chunk_state_r: the same with S in
-//                     registers, 16 columns per workgroup, 16 KiB. kda_chunk_state_b (the default,
-//                     lib/kda_state_b.wgsl): S in registers, a column x 64 channels per thread,
-//                     w and kg read as broadcasts, 32 columns per workgroup, 16 KiB.
+//                     registers, 16 columns per workgroup, 16 KiB (the default where K <= 128).
+//                     kda_chunk_state_b (lib/kda_state_b.wgsl): S in registers, a column x 64
+//                     channels per thread, w and kg read as broadcasts, 32 columns per
+//                     workgroup, 16 KiB.
 // In intra (phases 1 and 4), state and out the next staged slice's global loads are issued before the
 // current slice is used (one slice in flight in registers).
 // Inner loops run a constant trip count (tiles zero-filled past K and past the last row), 4

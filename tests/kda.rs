@@ -247,7 +247,7 @@ fn prefill_matches_reference() {
 }
 
 /// Every state-pass kernel, forced (on lavapipe, which reports 32 KiB of workgroup memory
-/// but runs more, the default is Bcast and the 41 KB one runs only here): T across chunk
+/// but runs more, the default is Reg and the 41 KB one runs only here): T across chunk
 /// edges, K = 16, 48, 64, 80, 128 (48, 80: 32-column tiles half empty; 256 for the narrow
 /// kernel), both gates, with and without an initial state.
 #[test]
@@ -255,6 +255,7 @@ fn prefill_state_variants_match_reference() {
     let Some(gpu) = support::gpu() else { return };
     let mut seed = 800;
     let mut worst: f64 = 0.0;
+    let mut ran = std::collections::BTreeSet::new();
     for sv in StateVariant::ALL {
         for t in [17, 64, 65, 200] {
             for k in [16, 48, 64, 80, 128, 256] {
@@ -269,11 +270,13 @@ fn prefill_state_variants_match_reference() {
                     let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
                     worst = worst.max(eo).max(es);
                     assert!(eo <= TOL && es <= TOL, "{sv:?} T={t} K={k} {gate:?} init={init}: o {eo:.2e} state {es:.2e}");
+                    ran.insert(format!("{sv:?}"));
                 }
             }
         }
     }
-    eprintln!("state variants: worst rel L2 {worst:.2e}");
+    eprintln!("state variants: worst rel L2 {worst:.2e}; ran {ran:?}");
+    assert_eq!(ran.len(), StateVariant::ALL.len(), "every state variant runs at some K");
     let big = KdaGeom { heads: 1, head_dim: 256, taps: 4, gate: BOUNDED, post_conv: false };
     assert!(!StateVariant::Staged.supports(&big) && !StateVariant::Bcast.supports(&big));
 }
@@ -281,7 +284,7 @@ fn prefill_state_variants_match_reference() {
 /// The prefill picks its kernels by the adapter's workgroup memory: the intra kernels and the
 /// register state passes fit 32 KiB (Metal, DX12; Bcast and Reg 16 KiB) and so run everywhere;
 /// the staged state pass only where its 41 KB fit (NVIDIA, AMD Vulkan; not lavapipe's reported
-/// 32 KiB). The default for K <= 128 is Bcast, Narrow beyond.
+/// 32 KiB). The default for K <= 128 is Reg, Narrow beyond.
 #[test]
 fn prefill_kernels_by_workgroup_memory() {
     let Some(gpu) = support::gpu() else { return };
@@ -296,7 +299,7 @@ fn prefill_kernels_by_workgroup_memory() {
     }
     let staged_fits = p.fits(&gpu, &kda::KDA_CHUNK_STATE).expect("measure");
     assert_eq!(staged_fits, gpu.caps.max_workgroup_storage >= p.workgroup_bytes(&kda::KDA_CHUNK_STATE).unwrap());
-    for (k, want) in [(64, StateVariant::Bcast), (128, StateVariant::Bcast), (256, StateVariant::Narrow)] {
+    for (k, want) in [(64, StateVariant::Reg), (128, StateVariant::Reg), (256, StateVariant::Narrow)] {
         let geom = KdaGeom { heads: 2, head_dim: k, taps: 4, gate: BOUNDED, post_conv: false };
         assert_eq!(StateVariant::default_for(&gpu, &geom).expect("choose"), want, "K={k}");
     }

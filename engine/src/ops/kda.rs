@@ -25,7 +25,7 @@ pub const KDA_PREP_SG: Kernel = Kernel::new("kda_prep_sg", "kda_sg", "kda_prep_s
 const PREP_SG_ROWS: usize = 8;
 /// kda_prep along token runs (kda_sg.wgsl): a subgroup per (q/k/v, head, run of tokens) keeps
 /// its channels' conv weights and window in registers.
-pub const KDA_PREP_RUN: Kernel = Kernel::new("kda_prep_run", "kda_sg", "kda_prep_run").subgroups();
+pub const KDA_PREP_RUN: Kernel = Kernel::new("kda_prep_run", "kda_sg", "kda_prep_run").subgroups().unchecked();
 /// kda_prep_run's workgroup size.
 const PREP_RUN_WG: usize = 256;
 
@@ -117,10 +117,10 @@ pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", 
 /// memory does not fit (16 columns per workgroup, S rows up to 256, 20 KB).
 pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chunk", "kda_chunk_state16");
 /// The state pass with S in registers (kda_chunk_state_r): 16 value columns per workgroup of
-/// 128 threads, 16 KiB of workgroup memory; K <= 128.
+/// 128 threads, 16 KiB of workgroup memory; K <= 128. The default where K <= 128.
 pub const KDA_CHUNK_STATE_R: Kernel = Kernel::new("kda_chunk_state_r", "kda_chunk", "kda_chunk_state_r").unchecked();
 /// The state pass with S in registers and broadcast operands (lib/kda_state_b.wgsl): 32
-/// value columns per workgroup of 64 threads, 16 KiB; K <= 128. The default where K <= 128.
+/// value columns per workgroup of 64 threads, 16 KiB; K <= 128.
 pub const KDA_CHUNK_STATE_B: Kernel = Kernel::new("kda_chunk_state_b", "kda_chunk", "kda_chunk_state_b").unchecked();
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out").unchecked();
 /// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
@@ -307,16 +307,18 @@ impl StateVariant {
     /// Whether the variant runs here: K within its limit and its workgroup memory within the
     /// adapter's.
     pub fn runs_on(self, gpu: &Gpu, geom: &KdaGeom) -> Result<bool, GpuError> {
-        Ok(self.supports(geom) && gpu.pipelines.fits(gpu, self.kernel().0)?)
+        Ok(self.supports(geom) && gpu.pipelines.runs_here(gpu, self.kernel().0))
     }
 
-    /// The variant [`chunk_prefill`] uses: Bcast where it runs (K <= 128, 16 KiB of workgroup
-    /// memory), else Narrow. Staged (41 KB) and Reg (16 KiB) have the same K limit and need at
-    /// least as much memory, so wherever they run Bcast does, and it was the fastest on the H200
-    /// at T = 8192 x 96 heads x 128: 4.29-4.30 ms against 4.41-4.42 (Staged), 4.45-4.50 (Reg) and
-    /// 91.3 ms (Narrow), same calls. They stay selectable for comparison on other adapters.
+    /// The variant [`chunk_prefill`] uses: Reg where it runs (K <= 128, 16 KiB of workgroup
+    /// memory), else Narrow. Staged (41 KB) and Bcast (16 KiB) have the same K limit and need
+    /// at least as much memory, so wherever they run Reg does. With the read-only bindings of
+    /// `pipelines::specialise`, Reg was the fastest on the H200 at T = 8192 x 96 heads x 128:
+    /// 3.86 ms against 3.90 (Staged), 4.20 (Bcast) and 89 ms (Narrow), same call; on lavapipe
+    /// too (268 against 427 ms for Bcast at T = 512 x 4 heads). The others stay selectable for
+    /// comparison on other adapters.
     pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> Result<StateVariant, GpuError> {
-        Ok(if StateVariant::Bcast.runs_on(gpu, geom)? { StateVariant::Bcast } else { StateVariant::Narrow })
+        Ok(if StateVariant::Reg.runs_on(gpu, geom)? { StateVariant::Reg } else { StateVariant::Narrow })
     }
 }
 
