@@ -180,11 +180,13 @@ fn find_bin_global(off: u32, need: u32, lid: u32) -> vec3<u32> {
     let sc = wg_scan(lid, s);
     let above = sc.x;
     if (above < need && above + s >= need) {
+        // No early exit: a loop that breaks kept h in local memory (NVIDIA, tools/nvidia_sass.py).
         var cum = above;
+        var found = false;
         for (var i = 0u; i < per; i++) {
-            if (cum + h[i] >= need) {
+            if (!found && cum + h[i] >= need) {
                 fb = vec4<u32>(BINS - 1u - per * scan_slot(lid) - i, need - cum, h[i], 0u);
-                break;
+                found = true;
             }
             cum += h[i];
         }
