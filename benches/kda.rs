@@ -25,7 +25,7 @@
 use k31_engine::bench::{copy_bandwidth, median_span, time_gpu, Row};
 use k31_engine::config::KdaGate;
 use k31_engine::gpu::{Gpu, GpuError, Profiler};
-use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeStep, DecodeVariant, KdaGeom, KdaInputs, Prepped, StateVariant};
+use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeStep, DecodeVariant, KdaGeom, KdaInputs, PrepKernel, Prepped, StateVariant};
 use k31_engine::reference::kda as r;
 use k31_engine::wgpu;
 
@@ -283,9 +283,10 @@ fn main() -> anyhow::Result<()> {
     let (c, kf) = (64.0, dk as f64);
     let per = 2.0 * c * c * kf * 2.0 + c * c * 2.0 * kf + 3.0 * 2.0 * c * kf * kf + c * c * kf;
     let flops = per * (t_len as f64 / 64.0).ceil() * heads as f64;
-    // Reference inputs for the error check: the prepped q, k, v, g, beta of `check_heads` heads.
+    // Reference inputs for the error check: the prepped q, k, v, g, beta of `check_heads` heads
+    // (runs of 8: runs of a whole chunk would write g as its within-chunk cumsum).
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    kda::prep(&gpu, &mut enc, &geom, t_len, 0, &inp, &ring, &pre, None)?;
+    kda::prep_with_run(&gpu, &mut enc, PrepKernel::default_for(&gpu, &geom), &geom, t_len, 0, &inp, &ring, &pre, 8, None)?;
     gpu.queue.submit([enc.finish()]);
     let pick = |buf: &wgpu::Buffer, w: usize| -> Result<Vec<f32>, GpuError> {
         let all = gpu.read::<f32>(buf, t_len * heads * w)?;

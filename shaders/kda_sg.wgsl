@@ -105,7 +105,11 @@ fn prep_store(part: u32, base: u32, sgs: u32, cpl: u32, y: vec4<f32>) {
     }
 }
 
-// Part 3 of a run: the log decay of every channel and beta.
+// kda_chunk.wgsl's chunk rows: with p.cumsum the gate part writes the within-chunk cumulative
+// sum itself (kda_chunk_cumsum's job; the host asks for it only when runs are whole chunks).
+const CUMSUM_ROWS: u32 = 64u;
+
+// Part 3 of a run: the log decay of every channel (or its within-chunk cumulative sum) and beta.
 fn prep_gate_run(h: u32, t0: u32, t1: u32, lane: u32, sgs: u32, cpl: u32) {
     let chan = h * p.dk + lane;
     let pd = p.heads * p.dk;
@@ -113,11 +117,18 @@ fn prep_gate_run(h: u32, t0: u32, t1: u32, lane: u32, sgs: u32, cpl: u32) {
         dt_bias[chan + sgs * min(3u, cpl - 1u)]);
     let a = exp(a_log[h]);
     var nf = prep_gate4(t0 * pd + chan, sgs, cpl);
+    var sum = vec4<f32>(0.0);
     for (var t = t0; t < t1; t++) {
         let zg = nf + dtb;
         nf = prep_gate4(min(t + 1u, t1 - 1u) * pd + chan, sgs, cpl);
         let row = t * p.heads + h;
-        prep_store(3u, row * p.dk + lane, sgs, cpl, vec4<f32>(log_decay(a, zg.x), log_decay(a, zg.y), log_decay(a, zg.z), log_decay(a, zg.w)));
+        var y = vec4<f32>(log_decay(a, zg.x), log_decay(a, zg.y), log_decay(a, zg.z), log_decay(a, zg.w));
+        if (p.cumsum != 0u) {
+            // Summed in kda_chunk_cumsum's order, from the chunk's first row.
+            sum = select(sum, vec4<f32>(0.0), t % CUMSUM_ROWS == 0u) + y;
+            y = sum;
+        }
+        prep_store(3u, row * p.dk + lane, sgs, cpl, y);
         if (lane == 0u) {
             beta_out[row] = sigmoid(blog[row]);
         }

@@ -8,7 +8,7 @@ mod support;
 
 use k31_engine::config::{KdaGate, KdaOutputGate};
 use k31_engine::gpu::Gpu;
-use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeVariant, KdaGeom, KdaInputs, Prepped, StateVariant};
+use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeVariant, KdaGeom, KdaInputs, PrepKernel, Prepped, StateVariant};
 use k31_engine::reference::kda as r;
 use support::golden;
 
@@ -32,6 +32,9 @@ struct Core {
     a_log: Vec<f32>,
     dt_bias: Vec<f32>,
     s0: Vec<f32>,
+    /// kda_prep_run with this run length instead of the default prep (64: g written as the
+    /// within-chunk cumsum by the prep).
+    prep_run: Option<usize>,
 }
 
 impl Core {
@@ -98,7 +101,11 @@ impl Core {
             let o = gpu.storage("o", (t * p * 4) as u64);
             self.with_rows(gpu, 0, t, |inp| {
                 let mut enc = gpu.device.create_command_encoder(&Default::default());
-                kda::prep(gpu, &mut enc, g, t, 0, inp, &ring, &pre, None).expect("prep");
+                match self.prep_run {
+                    Some(run) => kda::prep_with_run(gpu, &mut enc, PrepKernel::Run, g, t, 0, inp, &ring, &pre, run, None),
+                    None => kda::prep(gpu, &mut enc, g, t, 0, inp, &ring, &pre, None),
+                }
+                .expect("prep");
                 match sv {
                     Some(sv) => kda::chunk_prefill_state(gpu, &mut enc, sv, g, &pre, &scratch, &state, &o, None),
                     None => kda::chunk_prefill_with(gpu, &mut enc, path, g, &pre, &scratch, &state, &o, None),
@@ -140,6 +147,7 @@ fn random_core_taps(seed: u64, t_len: usize, heads: usize, dk: usize, gate: KdaG
         a_log: support::random_vec(seed + 4, heads).into_iter().map(|x| 1.4 * (x + 1.0)).collect(),
         dt_bias: scaled(seed + 5, p, 1.0),
         s0: if init { scaled(seed + 6, heads * dk * dk, 0.5) } else { Vec::new() },
+        prep_run: None,
     }
 }
 
@@ -163,6 +171,41 @@ fn check_case_taps(gpu: &Gpu, seed: u64, t: usize, n: usize, heads: usize, dk: u
         let (all_o, all_s) = core.gpu_run(gpu, t + n, 0);
         let (eo2, es2) = (rel_l2(&got_o, &all_o), rel_l2(&got_s, &all_s));
         assert!(eo2 <= TOL && es2 <= TOL, "prefill {t} + decode {n} vs prefill {}: o {eo2:.2e} state {es2:.2e}", t + n);
+    }
+}
+
+/// kda_prep_run in runs of a whole chunk writes g as its within-chunk cumulative sum and the
+/// prefill skips kda_chunk_cumsum: T across chunk edges (ragged last chunk), both gates, with
+/// and without an initial state, then decode (the ring hand-off); against the reference and
+/// against the same prefill in runs of 8 (g summed by kda_chunk_cumsum).
+#[test]
+fn prep_cumsum_in_runs_of_a_chunk_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    let probe = KdaGeom { heads: 2, head_dim: 32, taps: 4, gate: BOUNDED, post_conv: false };
+    if !PrepKernel::Run.supported(&gpu, &probe) {
+        eprintln!("kda_prep_run does not run here: skipped");
+        return;
+    }
+    for (i, &(t, n, h, k, gate, init)) in [
+        (17, 2, 2, 32, BOUNDED, false),
+        (64, 3, 3, 16, KdaGate::Softplus, true),
+        (65, 0, 2, 32, KdaGate::Softplus, false),
+        (200, 2, 1, 32, BOUNDED, true),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut core = random_core(900 + i as u64, t + n, h, k, gate, init);
+        let (want_o, want_s) = core.reference(t + n);
+        core.prep_run = Some(kda::CHUNK);
+        let (got_o, got_s) = core.gpu_run(&gpu, t, n);
+        core.prep_run = Some(8);
+        let (unfused_o, unfused_s) = core.gpu_run(&gpu, t, n);
+        let (eo, es) = (rel_l2(&got_o, &want_o), rel_l2(&got_s, &want_s));
+        let (uo, us) = (rel_l2(&got_o, &unfused_o), rel_l2(&got_s, &unfused_s));
+        eprintln!("T={t}+{n} H={h} K={k} {gate:?} init={init}: o {eo:.2e} state {es:.2e}; vs runs of 8: {uo:.2e} {us:.2e}");
+        assert!(eo <= TOL && es <= TOL, "T={t}+{n} H={h} K={k}: o {eo:.2e} state {es:.2e}");
+        assert!(uo <= 1e-6 && us <= 1e-6, "T={t}+{n}: against runs of 8: o {uo:.2e} state {us:.2e}");
     }
 }
 
@@ -436,6 +479,7 @@ fn golden_core_prefill_and_decode() {
             a_log: get("A_log").1,
             dt_bias: get("dt_bias").1,
             s0: get("S0").1,
+            prep_run: None,
         };
         // The reference's gate agrees with the golden g.
         let g = r::gate(gate, &core.f, &core.a_log, &core.dt_bias, h, k);

@@ -13,7 +13,7 @@ struct KdaParams {
     eps: f32,       // RMSNorm eps of the output norm
     post_conv: u32, // 1: qkv already holds post-conv, post-SiLU values (tests, goldens)
     run: u32,       // kda_prep_run: tokens per subgroup
-    _pad2: u32,
+    cumsum: u32,    // kda_prep_run: 1 = write g as its within-chunk cumulative sum (runs are chunks)
 }
 
 @group(0) @binding(0) var<uniform> p: KdaParams;

@@ -4,12 +4,13 @@
 use super::shader_params;
 use crate::config::KdaGate;
 use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 shader_params!(
     /// Mirrors `KdaParams` in shaders/kda.wgsl.
     KdaParams in "kda" {
         t_len: u32, heads: u32, dk: u32, taps: u32, pos: u32, gate_kind: u32,
-        lower_bound: f32, scale: f32, eps: f32, post_conv: u32, run: u32, _pad2: u32,
+        lower_bound: f32, scale: f32, eps: f32, post_conv: u32, run: u32, cumsum: u32,
     }
 );
 
@@ -400,9 +401,13 @@ pub struct Prepped {
     pub q: wgpu::Buffer,
     pub k: wgpu::Buffer,
     pub v: wgpu::Buffer,
+    /// The log decay g, or (once `gamma` is set) its within-chunk cumulative sum Gamma.
     pub g: wgpu::Buffer,
     pub beta: wgpu::Buffer,
     pub t_len: usize,
+    /// `g` holds Gamma: the prep wrote it so (kda_prep_run with runs of whole chunks) or a
+    /// chunked prefill already summed it; the prefill then skips kda_chunk_cumsum.
+    gamma: AtomicBool,
 }
 
 impl Prepped {
@@ -415,6 +420,7 @@ impl Prepped {
             g: gpu.storage("kda g", n),
             beta: gpu.storage("kda beta", (t_len * geom.heads * 4) as u64),
             t_len,
+            gamma: AtomicBool::new(false),
         }
     }
 }
@@ -554,8 +560,32 @@ pub fn prep_with(
     inp: &KdaInputs,
     ring: &wgpu::Buffer,
     out: &Prepped,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    let run = prep_run_tokens(t_len, geom.heads);
+    prep_with_run(gpu, enc, kernel, geom, t_len, pos, inp, ring, out, run, profiler)
+}
+
+/// [`prep_with`] with kda_prep_run's tokens per subgroup chosen (a power of two, 1..=64;
+/// ignored by the other kernels). Runs of a whole chunk (64) also write g as Gamma, the
+/// within-chunk cumulative sum, so the chunked prefill skips kda_chunk_cumsum.
+#[allow(clippy::too_many_arguments)]
+pub fn prep_with_run(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    kernel: PrepKernel,
+    geom: &KdaGeom,
+    t_len: usize,
+    pos: u64,
+    inp: &KdaInputs,
+    ring: &wgpu::Buffer,
+    out: &Prepped,
+    run: usize,
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
+    if !run.is_power_of_two() || run > PREP_RUN_MAX {
+        return Err(GpuError::Shape(format!("kda prep: runs of {run} tokens (a power of two up to {PREP_RUN_MAX})")));
+    }
     check_inputs(geom, t_len, inp, ring)?;
     if out.t_len < t_len {
         return Err(GpuError::Shape(format!("kda prep: outputs hold {} tokens, need {t_len}", out.t_len)));
@@ -563,8 +593,9 @@ pub fn prep_with(
     if !kernel.supported(gpu, geom) {
         return Err(GpuError::Shape(format!("kda prep: the {kernel:?} kernel does not run here for head dim {}", geom.head_dim)));
     }
-    let run = prep_run_tokens(t_len, geom.heads);
-    let uniform = gpu.uniform("kda params", &KdaParams { run: run as u32, ..geom.params(t_len, pos) });
+    let cumsum = kernel == PrepKernel::Run && run == CHUNK;
+    let uniform = gpu.uniform("kda params", &KdaParams { run: run as u32, cumsum: cumsum as u32, ..geom.params(t_len, pos) });
+    out.gamma.store(cumsum, Ordering::Relaxed);
     let bufs = [
         (1, inp.qkv),
         (2, inp.f),
@@ -729,7 +760,8 @@ impl ChunkPath {
 }
 
 /// Chunked WY/UT prefill over the prepared inputs: o [T, H, V], `state` advanced in place.
-/// `pre.g` is overwritten with the within-chunk cumulative gate. Uses the adapter's default
+/// `pre.g` ends up holding the within-chunk cumulative gate (summed here unless the prep
+/// wrote it so). Uses the adapter's default
 /// path ([`ChunkPath::available`]).
 #[allow(clippy::too_many_arguments)]
 pub fn chunk_prefill(
@@ -789,7 +821,7 @@ pub fn chunk_prefill_state(
 
 /// The intra-chunk part of `path` only (cumsum + intra: w, qg, kg, u and A_qk into
 /// `scratch`), on any adapter: the coop path's f16-output intra kernel is plain WGSL, so it is
-/// tested where the coop scan cannot run. `pre.g` becomes the within-chunk cumsum.
+/// tested where the coop scan cannot run. `pre.g` ends up holding the within-chunk cumsum.
 pub fn chunk_intra_only(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
@@ -832,7 +864,9 @@ fn chunk_prefill_inner(
     let params = KdaChunkParams { t_len: t as u32, heads: geom.heads as u32, dk: k as u32, nchunks: nchunks as u32 };
     let uniform = gpu.uniform("kda chunk params", &params);
     let s = scratch;
-    dispatch(gpu, enc, &KDA_CHUNK_CUMSUM, &uniform, &[(4, &pre.g)], (nchunks * geom.proj()).div_ceil(256), profiler.as_deref_mut())?;
+    if !pre.gamma.swap(true, Ordering::Relaxed) {
+        dispatch(gpu, enc, &KDA_CHUNK_CUMSUM, &uniform, &[(4, &pre.g)], (nchunks * geom.proj()).div_ceil(256), profiler.as_deref_mut())?;
+    }
     // The SIMT path's intra writes f32 w, qg, kg, A_qk at 6, 8, 9, 10; the coop path's packed
     // f16 at 14-17; the other four bindings get stand-ins.
     let [d0, d1, d2, d3] = &s.dummies;
