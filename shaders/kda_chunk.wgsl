@@ -1,8 +1,10 @@
 // Chunked (WY/UT) KDA prefill, spec 4.4: chunks of C = 64 rows, all in f32.
-//   kda_chunk_cumsum: Gamma = within-chunk cumulative sum of g (in place).
+//   kda_chunk_cumsum: Gamma = within-chunk cumulative sum of g (in place; skipped where the
+//                     prep wrote Gamma).
 //   kda_chunk_intra:  per (chunk, head): A_kk, A_qk on 16x16 blocks (pairwise exponents on the
-//                     diagonal blocks, the first row of the row's sub-chunk as reference off the
-//                     diagonal; never e^-Gamma alone; each thread one element of every block,
+//                     diagonal blocks, or with DIAG_REF where the gate's bound allows it the first
+//                     row as reference there too; the first row of the row's sub-chunk as
+//                     reference off the diagonal; never e^-Gamma alone; each thread one element of every block,
 //                     channels staged 8 at a time as vec4 quads), M = (I + diag(beta) A_kk)^-1 blockwise
 //                     in place on the ten lower blocks (packed), then [w | u] = (M diag(beta))
 //                     [K e^Gamma | V] as a register-tiled product (4x4 per thread, 64-column
@@ -61,6 +63,12 @@ struct KdaChunkParams {
 
 // kda_chunk_intra writes w, qg, kg, A_qk as packed f16 (bindings 14-17) instead of f32.
 override HALF_OUT: bool = false;
+// kda_chunk_intra's diagonal blocks through their first row as reference, like the others,
+// instead of a pairwise exponent per (i, j, channel): k_i e^(Gamma_i - Gamma_n) . k_j
+// e^(Gamma_n - Gamma_j). The second factor grows up to e^(15 |g|max), so the host sets this only
+// for the bounded gate with a lower bound >= -5.5 (e^82.5 times 128 terms stays below f32's
+// e^88.7); the pairwise form cannot overflow whatever the gate.
+override DIAG_REF: bool = false;
 
 // IEEE binary16 bits of x, round to nearest even (subnormals, overflow to inf). By hand:
 // naga's pack2x16float needs SHADER_FLOAT16_IN_FLOAT32, which not every backend has.
@@ -119,7 +127,9 @@ fn kda_chunk_cumsum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 //     inverse's block products T [3, 16, 16] after them (SH_T, 192 vec4);
 //   phase 4: M (packed) and one staged 16-row block of the right-hand side (SH_B, 256 vec4).
 // Phase 1 staging: per operand [2 channel quads, rows] of vec4 (quad-major, so a row's 4
-// channels are one vec4 load and consecutive rows are consecutive vec4s).
+// channels are one vec4 load and consecutive rows are consecutive vec4s). With DIAG_REF the
+// first three hold k_j e^(Gamma_n(j) - Gamma_j) (all rows) and rows 0..15's k and q times
+// e^(Gamma_r - Gamma_0) (P_LK and P_LQ's block 0) instead.
 const KS: u32 = 8u;          // channels per staged slice (2 quads)
 const P_TK: u32 = 0u;        // [2, 64] k
 const P_TQ: u32 = 128u;      // [2, 64] q
@@ -294,12 +304,20 @@ fn kda_chunk_intra(
             let qx = raw.q;
             let gx = raw.g;
             let s = cq * 64u + r;
-            sh[P_TK + s] = kx;
-            sh[P_TQ + s] = qx;
-            sh[P_TG + s] = gx;
+            // <= 0 for valid rows (Gamma is non-increasing).
+            let sc = exp(gx - raw.gn);
+            if (DIAG_REF) {
+                sh[P_TK + s] = kx * exp(raw.gn - gx);
+                if (r < SUB) {
+                    sh[P_TQ + s] = kx * sc;
+                    sh[P_TG + s] = qx * sc;
+                }
+            } else {
+                sh[P_TK + s] = kx;
+                sh[P_TQ + s] = qx;
+                sh[P_TG + s] = gx;
+            }
             if (r >= SUB) {
-                // Both exponents here are <= 0 for valid rows (Gamma is non-increasing).
-                let sc = exp(gx - raw.gn);
                 sh[P_LK + cq * 48u + r - SUB] = kx * sc;
                 sh[P_LQ + cq * 48u + r - SUB] = qx * sc;
             }
@@ -317,10 +335,6 @@ fn kda_chunk_intra(
         raw = p1_fetch(c0 + KS, t0, nv, hk, h, lid);
         for (var cq = 0u; cq < KS / 4u; cq++) {
             let base = cq * 64u;
-            d0 += diag_pair(base, i, j);
-            d1 += diag_pair(base, SUB + i, SUB + j);
-            d2 += diag_pair(base, 2u * SUB + i, 2u * SUB + j);
-            d3 += diag_pair(base, 3u * SUB + i, 3u * SUB + j);
             let lb = cq * 48u + i;
             let lk1 = sh[P_LK + lb];
             let lq1 = sh[P_LQ + lb];
@@ -328,6 +342,18 @@ fn kda_chunk_intra(
             let lq2 = sh[P_LQ + lb + SUB];
             let lk3 = sh[P_LK + lb + 2u * SUB];
             let lq3 = sh[P_LQ + lb + 2u * SUB];
+            if (DIAG_REF) {
+                let db = P_TK + base + j;
+                d0 += off_pair(sh[P_TQ + base + i], sh[P_TG + base + i], db);
+                d1 += off_pair(lk1, lq1, db + SUB);
+                d2 += off_pair(lk2, lq2, db + 2u * SUB);
+                d3 += off_pair(lk3, lq3, db + 3u * SUB);
+            } else {
+                d0 += diag_pair(base, i, j);
+                d1 += diag_pair(base, SUB + i, SUB + j);
+                d2 += diag_pair(base, 2u * SUB + i, 2u * SUB + j);
+                d3 += diag_pair(base, 3u * SUB + i, 3u * SUB + j);
+            }
             let r1 = P_RK + cq * SUB + j;
             let r2 = P_RK + 32u + cq * 2u * SUB + j;
             let r3 = P_RK + 96u + cq * 3u * SUB + j;

@@ -283,6 +283,10 @@ fn prefill_matches_reference() {
         (17, 4, 128, KdaGate::Softplus, true),
         (100, 1, 256, BOUNDED, true),
         (70, 2, 80, KdaGate::Softplus, false),
+        // The bounded gate at the reference-row intra's limit (diagonal factors up to e^82.5),
+        // and past it (the pairwise intra).
+        (130, 2, 64, KdaGate::Bounded { lower_bound: -5.5 }, true),
+        (130, 2, 64, KdaGate::Bounded { lower_bound: -8.0 }, false),
     ];
     for (i, &(t, h, k, gate, init)) in cases.iter().enumerate() {
         check_case(&gpu, 100 + i as u64, t, 0, h, k, gate, init);
@@ -332,7 +336,7 @@ fn prefill_state_variants_match_reference() {
 fn prefill_kernels_by_workgroup_memory() {
     let Some(gpu) = support::gpu() else { return };
     let p = &gpu.pipelines;
-    for kern in [kda::KDA_CHUNK_INTRA, kda::KDA_CHUNK_INTRA_H, kda::KDA_CHUNK_STATE16, kda::KDA_CHUNK_STATE_R, kda::KDA_CHUNK_STATE_B, kda::KDA_CHUNK_OUT] {
+    for kern in [kda::KDA_CHUNK_INTRA, kda::KDA_CHUNK_INTRA_REF, kda::KDA_CHUNK_INTRA_H, kda::KDA_CHUNK_INTRA_H_REF, kda::KDA_CHUNK_STATE16, kda::KDA_CHUNK_STATE_R, kda::KDA_CHUNK_STATE_B, kda::KDA_CHUNK_OUT] {
         let b = p.workgroup_bytes(&kern).expect("measure");
         assert!(b <= 32 * 1024, "{}: {b} bytes", kern.name);
     }

@@ -97,6 +97,8 @@ const PORTABLE_FALLBACKS: &[&str] = &[
     "kda_chunk_state16",
     "kda_chunk_intra",
     "kda_chunk_intra_h",
+    "kda_chunk_intra_ref",
+    "kda_chunk_intra_h_ref",
     "kda_chunk_out",
     "linear_bf16",
     "linear_f32",
