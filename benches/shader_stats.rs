@@ -85,10 +85,13 @@ fn open() -> Result<Vulkan> {
     }
 }
 
+/// A resource binding: (group, binding, descriptor type).
+type Binding = (u32, u32, vk::DescriptorType);
+
 /// SPIR-V of `k` as wgpu's Vulkan backend writes it for the engine (the module `specialise`d
 /// as `PipelineCache::get` does; NVIDIA has robust buffer access, so no buffer checks either
 /// way), plus the module's bindings.
-fn spirv(k: &Kernel, checked: bool) -> Result<(Vec<u32>, Vec<(u32, u32, vk::DescriptorType)>)> {
+fn spirv(k: &Kernel, checked: bool) -> Result<(Vec<u32>, Vec<Binding>)> {
     let src = shaders::source(k.shader).context("unknown shader")?;
     let module = k31_engine::gpu::pipelines::specialise(src, k.entry, k.constants).map_err(|e| anyhow::anyhow!(e))?;
     let caps = naga::valid::Capabilities::all();
@@ -124,7 +127,7 @@ struct Built {
     ir: Vec<(String, String)>,
 }
 
-fn build(vk: &Vulkan, words: &[u32], bindings: &[(u32, u32, vk::DescriptorType)], entry: &str, want_ir: bool) -> Result<Built> {
+fn build(vk: &Vulkan, words: &[u32], bindings: &[Binding], entry: &str, want_ir: bool) -> Result<Built> {
     // SAFETY: objects are created and destroyed here; the pipeline is never bound.
     unsafe {
         let d = &vk.device;
