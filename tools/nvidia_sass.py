@@ -8,6 +8,11 @@ layout is the driver's (580.x), not a documented format: a driver that stores it
 makes this fail loudly, not silently.
 
     tools/nvidia_sass.py --stats PATH/TO/shader_stats --out DIR [--arch SM90] KERNEL...
+    tools/nvidia_sass.py --summarize DIR      (the one-line summaries of DIR/*.sass again)
+
+Each kernel gets a one-line summary: the memory instructions by kind (LDG.E.STRONG.SM: a load
+from a binding the kernel also writes; LDL/STL: local memory, usually a spilled or
+dynamically indexed private array), barriers, matrix and special-function instructions.
 
 Needs `zstd` and `nvdisasm` on PATH (the device has nvdisasm in /usr/local/cuda/bin).
 """
@@ -49,13 +54,38 @@ def code_of(raw, size):
     return None
 
 
+SUMMARY_KINDS = ("LDG", "STG", "LDS", "STS", "LDL", "STL", "BAR", "HMMA", "MUFU", "FFMA", "SHFL")
+
+
+def summary(sass):
+    """Instruction counts by opcode family and the memory instructions' full forms."""
+    ops = re.findall(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
+    fam = {}
+    forms = {}
+    for op in ops:
+        base = op.split(".")[0]
+        fam[base] = fam.get(base, 0) + 1
+        if base in ("LDG", "STG"):
+            forms[op] = forms.get(op, 0) + 1
+    parts = [f"{fam.get(k, 0)} {k}" for k in SUMMARY_KINDS if fam.get(k)]
+    parts += [f"{n} {op}" for op, n in sorted(forms.items())]
+    return f"{len(ops)} instructions: " + ", ".join(parts)
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--stats", required=True, help="the shader_stats binary")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--stats", help="the shader_stats binary")
+    ap.add_argument("--out")
     ap.add_argument("--arch", default="SM90")
-    ap.add_argument("kernels", nargs="+")
+    ap.add_argument("--summarize", help="only summarise the .sass files already in this folder")
+    ap.add_argument("kernels", nargs="*")
     a = ap.parse_args()
+    if a.summarize:
+        for f in sorted(glob.glob(os.path.join(a.summarize, "*.sass"))):
+            print(f"{os.path.basename(f)[:-5]}: {summary(open(f).read())}")
+        return
+    if not (a.stats and a.out and a.kernels):
+        ap.error("--stats, --out and at least one kernel are needed (or --summarize DIR)")
     os.makedirs(a.out, exist_ok=True)
     failed = False
     for k in a.kernels:
@@ -84,7 +114,7 @@ def main():
         d = subprocess.run(["nvdisasm", "-b", a.arch, binary], capture_output=True, text=True)
         open(os.path.join(a.out, k + ".sass"), "w").write(line + "\n" + d.stdout + d.stderr)
         os.remove(binary)
-        print(f"{k}: {size} bytes, {d.stdout.count(chr(10))} lines of SASS")
+        print(f"{k}: {size} bytes; {summary(d.stdout)}")
     sys.exit(1 if failed else 0)
 
 
