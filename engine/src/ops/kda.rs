@@ -119,6 +119,9 @@ pub const KDA_CHUNK_INTRA_H_REF: Kernel =
 /// The lowest per-token log decay for which the reference-row intra cannot overflow: its
 /// diagonal factors reach e^(15 * 5.5) = e^82.5, times up to 128 terms, under f32's e^88.7.
 const DIAG_REF_BOUND: f32 = -5.5;
+/// kda_chunk_intra writing w, qg, kg as packed f16 (the coop scan's operands).
+pub const KDA_CHUNK_INTRA_H: Kernel =
+    Kernel::new("kda_chunk_intra_h", "kda_chunk", "kda_chunk_intra").with_constants(&[("HALF_OUT", 1.0)]);
 
 /// The intra-chunk kernel of `path` for this gate: the reference-row form where the bounded
 /// gate allows it (on the H200 3.46 -> 2.95 ms at T = 8192 x 96 x 128), else pairwise.
@@ -131,9 +134,7 @@ fn intra_kernel(path: ChunkPath, geom: &KdaGeom) -> &'static Kernel {
         (ChunkPath::Coop, false) => &KDA_CHUNK_INTRA_H,
     }
 }
-/// kda_chunk_intra writing w, qg, kg as packed f16 (the coop scan's operands).
-pub const KDA_CHUNK_INTRA_H: Kernel =
-    Kernel::new("kda_chunk_intra_h", "kda_chunk", "kda_chunk_intra").with_constants(&[("HALF_OUT", 1.0)]);
+
 /// The state pass with w and kg staged (41 KB of workgroup memory, K <= STATE_KMAX).
 pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", "kda_chunk_state").unchecked();
 /// The state pass for K > STATE_KMAX and for adapters where kda_chunk_state's workgroup
