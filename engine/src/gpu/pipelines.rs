@@ -88,12 +88,30 @@ pub fn workgroup_bytes(module: &naga::Module, info: &naga::valid::ModuleInfo, en
 /// the read-only path (tools/nvidia_sass.py shows it), and a module such as kda_chunk.wgsl
 /// declares a buffer `read_write` for the kernel that writes it and for those that only read it.
 pub fn specialise(src: &str, entry: &str, constants: &[(&str, f64)]) -> Result<naga::Module, String> {
-    use naga::valid::{Capabilities, GlobalUse, ValidationFlags, Validator};
+    let (module, info) = parse(src)?;
+    specialise_parsed(&module, &info, entry, constants)
+}
+
+/// A WGSL module parsed and validated (every capability: the device's own validation comes
+/// when wgpu builds it).
+fn parse(src: &str) -> Result<(naga::Module, naga::valid::ModuleInfo), String> {
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
     let module = naga::front::wgsl::parse_str(src).map_err(|e| e.emit_to_string(src))?;
     let info = Validator::new(ValidationFlags::all(), Capabilities::all()).validate(&module).map_err(|e| e.emit_to_string(src))?;
+    Ok((module, info))
+}
+
+/// [`specialise`] on a module already parsed (each shader is parsed once for all its kernels).
+fn specialise_parsed(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    entry: &str,
+    constants: &[(&str, f64)],
+) -> Result<naga::Module, String> {
+    use naga::valid::GlobalUse;
     let values: naga::back::PipelineConstants = constants.iter().map(|(c, v)| (c.to_string(), *v)).collect();
     let (module, info) =
-        naga::back::pipeline_constants::process_overrides(&module, &info, Some((naga::ShaderStage::Compute, entry)), &values)
+        naga::back::pipeline_constants::process_overrides(module, info, Some((naga::ShaderStage::Compute, entry)), &values)
             .map_err(|e| format!("overrides: {e}"))?;
     let index = module.entry_points.iter().position(|e| e.name == entry).ok_or_else(|| format!("no entry point {entry}"))?;
     let uses = info.get_entry_point(index);
@@ -112,8 +130,9 @@ pub fn specialise(src: &str, entry: &str, constants: &[(&str, f64)]) -> Result<n
 #[derive(Default)]
 pub struct PipelineCache {
     built: Mutex<HashMap<&'static str, Arc<wgpu::ComputePipeline>>>,
-    /// Workgroup bytes per shader, per entry point.
-    workgroup: Mutex<HashMap<&'static str, HashMap<String, u32>>>,
+    /// Each shader parsed and validated once, for its workgroup sizes and every kernel built
+    /// from it.
+    parsed: Mutex<HashMap<&'static str, Arc<(naga::Module, naga::valid::ModuleInfo)>>>,
     /// Refuse kernels over the workgroup limit on lavapipe too (see [`PipelineCache::get`]).
     strict: AtomicBool,
     /// Host time spent building pipelines, in nanoseconds, summed over threads (a process's
@@ -150,24 +169,25 @@ impl PipelineCache {
         self.strict.store(on, Ordering::Relaxed);
     }
 
-    /// Workgroup memory of `k` in bytes (our kernels size their workgroup arrays with plain
-    /// constants, so the shader as written is measured). Each shader is parsed once, for all
-    /// its entry points: `get` asks this for every kernel it builds.
-    pub fn workgroup_bytes(&self, k: &Kernel) -> Result<u32, GpuError> {
-        let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
-        let lookup = |entries: &HashMap<String, u32>| entries.get(k.entry).copied().ok_or_else(|| fail("no such entry point".into()));
-        if let Some(entries) = self.workgroup.lock().unwrap_or_else(|p| p.into_inner()).get(k.shader) {
-            return lookup(entries);
+    /// `k`'s shader parsed and validated, once per shader.
+    fn parsed(&self, k: &Kernel) -> Result<Arc<(naga::Module, naga::valid::ModuleInfo)>, GpuError> {
+        if let Some(p) = self.parsed.lock().unwrap_or_else(|p| p.into_inner()).get(k.shader) {
+            return Ok(p.clone());
         }
         // Parsed without the lock held, so that threads prewarming other shaders do not wait.
+        let fail = |reason: String| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason };
         let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
-        let module = naga::front::wgsl::parse_str(src).map_err(|e| fail(e.emit_to_string(src)))?;
-        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::empty(), naga::valid::Capabilities::all())
-            .validate(&module)
-            .map_err(|e| fail(e.emit_to_string(src)))?;
-        let entries = module.entry_points.iter().filter_map(|e| Some((e.name.clone(), workgroup_bytes(&module, &info, &e.name)?)));
-        let mut known = self.workgroup.lock().unwrap_or_else(|p| p.into_inner());
-        lookup(known.entry(k.shader).or_insert_with(|| entries.collect()))
+        let parsed = Arc::new(parse(src).map_err(fail)?);
+        let mut known = self.parsed.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(known.entry(k.shader).or_insert(parsed).clone())
+    }
+
+    /// Workgroup memory of `k` in bytes (our kernels size their workgroup arrays with plain
+    /// constants, so the shader as written is measured).
+    pub fn workgroup_bytes(&self, k: &Kernel) -> Result<u32, GpuError> {
+        let parsed = self.parsed(k)?;
+        workgroup_bytes(&parsed.0, &parsed.1, k.entry)
+            .ok_or_else(|| GpuError::Pipeline { shader: k.shader.into(), entry: k.entry.into(), reason: "no such entry point".into() })
     }
 
     /// Whether `k` can be built here: the features it needs, and workgroup memory within the
@@ -220,10 +240,10 @@ impl PipelineCache {
                 k.name, k.shader, k.entry
             )));
         }
-        let src = crate::shaders::source(k.shader).ok_or_else(|| fail("no such shader file".into()))?;
         let started = std::time::Instant::now();
         // Overrides are applied here, so the pipeline gets no constants.
-        let specialised = specialise(src, k.entry, k.constants).map_err(fail)?;
+        let parsed = self.parsed(k)?;
+        let specialised = specialise_parsed(&parsed.0, &parsed.1, k.entry, k.constants).map_err(fail)?;
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let source = wgpu::ShaderSource::Naga(std::borrow::Cow::Owned(specialised));
         let desc = wgpu::ShaderModuleDescriptor { label: Some(k.shader), source };
