@@ -889,8 +889,9 @@ fn chunk_prefill_inner(
     let params = KdaChunkParams { t_len: t as u32, heads: geom.heads as u32, dk: k as u32, nchunks: nchunks as u32 };
     let uniform = gpu.uniform("kda chunk params", &params);
     let s = scratch;
-    if !pre.gamma.swap(true, Ordering::Relaxed) {
+    if !pre.gamma.load(Ordering::Relaxed) {
         dispatch(gpu, enc, &KDA_CHUNK_CUMSUM, &uniform, &[(4, &pre.g)], (nchunks * geom.proj()).div_ceil(256), profiler.as_deref_mut())?;
+        pre.gamma.store(true, Ordering::Relaxed);
     }
     // The SIMT path's intra writes f32 w, qg, kg, A_qk at 6, 8, 9, 10; the coop path's packed
     // f16 at 14-17; the other four bindings get stand-ins.
