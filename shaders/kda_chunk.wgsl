@@ -844,6 +844,14 @@ fn kda_chunk_state(
 // 16 KiB of workgroup memory. On the H200 (Vulkan) workgroups of 32 KiB and more ran one per
 // SM: the same kernel at 32 columns (32 KiB, 384 workgroups) took 4.60 ms at T = 8192 x 96
 // heads, at 16 columns with 32 KiB arrays 10.9 ms, at 16 columns with these 16 KiB 4.35-4.46.
+// vec4 views of the buffers the register state pass reads or writes whole quads of (K and V
+// are multiples of 16, so every row starts on a quad): 128-bit loads and stores (state pass
+// 3.86 -> 3.80 ms on the H200; kda_chunk_out got slower reading hs and u this way).
+@group(0) @binding(6) var<storage, read_write> w4: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> u4: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> kg4: array<vec4<f32>>;
+@group(0) @binding(13) var<storage, read_write> hs4: array<vec4<f32>>;
+
 const RCOLS: u32 = 16u;          // value columns per workgroup
 const RWG: u32 = 8u * RCOLS;     // threads
 const RCQ: u32 = RCOLS / 4u;     // column quads
@@ -880,8 +888,7 @@ fn rs_fetch(n: u32, s: u32, nsu: u32, h: u32, lid: u32) -> array<vec4<f32>, 4> {
             let r = e / nq;
             let ch = s * RWC + 4u * (e % nq);
             if (r < nv && ch < p.dk) {
-                let at = (t0 + r) * hk + h * p.dk + ch;
-                out[i] = vec4<f32>(w[at], w[at + 1u], w[at + 2u], w[at + 3u]);
+                out[i] = w4[((t0 + r) * hk + h * p.dk + ch) / 4u];
             }
         }
     } else {
@@ -891,15 +898,13 @@ fn rs_fetch(n: u32, s: u32, nsu: u32, h: u32, lid: u32) -> array<vec4<f32>, 4> {
             let r = r0 + e / 32u;
             let ch = 4u * (e % 32u);
             if (r < nv && ch < p.dk) {
-                let at = (t0 + r) * hk + h * p.dk + ch;
-                out[i] = vec4<f32>(kg[at], kg[at + 1u], kg[at + 2u], kg[at + 3u]);
+                out[i] = kg4[((t0 + r) * hk + h * p.dk + ch) / 4u];
             }
         }
     }
     return out;
 }
 
-#include "lib/store_tile4.wgsl" DST=hs store_tile4=store_tile4_hs
 #include "lib/store_tile4.wgsl" DST=state store_tile4=store_tile4_state
 
 @compute @workgroup_size(RWG)
@@ -952,7 +957,12 @@ fn kda_chunk_state_r(
         rs_a[(ch + 2u) * RCQ + cq] = s2;
         rs_a[(ch + 3u) * RCQ + cq] = s3;
         if (own) {
-            store_tile4_hs((n * p.heads + h) * kv + ch * p.dk + col, p.dk, s0, s1, s2, s3);
+            let at = ((n * p.heads + h) * kv + ch * p.dk + col) / 4u;
+            let dk4 = p.dk / 4u;
+            hs4[at] = s0;
+            hs4[at + dk4] = s1;
+            hs4[at + 2u * dk4] = s2;
+            hs4[at + 3u * dk4] = s3;
         }
         var acc0 = vec4<f32>(0.0);
         var acc1 = vec4<f32>(0.0);
@@ -977,8 +987,7 @@ fn kda_chunk_state_r(
                     for (var ii = 0u; ii < 4u; ii++) {
                         let r = 4u * rg + ii;
                         if (r < nv) {
-                            let at = (t0 + r) * hk + h * p.dk + col;
-                            uin[ii] = vec4<f32>(u[at], u[at + 1u], u[at + 2u], u[at + 3u]);
+                            uin[ii] = u4[((t0 + r) * hk + h * p.dk + col) / 4u];
                         }
                     }
                 }
@@ -1027,11 +1036,7 @@ fn kda_chunk_state_r(
                 var uu = vec4<f32>(0.0);
                 if (r < nv && live) {
                     uu = uin[ii] - (acc + rs_u[r * RCQ + cq]);
-                    let at = (t0 + r) * hk + h * p.dk + col;
-                    u[at] = uu.x;
-                    u[at + 1u] = uu.y;
-                    u[at + 2u] = uu.z;
-                    u[at + 3u] = uu.w;
+                    u4[((t0 + r) * hk + h * p.dk + col) / 4u] = uu;
                 }
                 rs_u[r * RCQ + cq] = uu;
             }

@@ -165,6 +165,16 @@ fn indexer_scores_and_selection_match_goldens() {
 /// the row, row lengths off every tile size, pages that split tiles: scores against the f64
 /// reference and top-64 selections equal as sets.
 #[test]
+fn auto_indexer_takes_the_coop_kernel_for_long_rows_only() {
+    let min = dsa::COOP_INDEX_MIN_POS;
+    assert!(!dsa::auto_picks_coop(min - 1, None));
+    assert!(dsa::auto_picks_coop(min, None));
+    assert!(dsa::auto_picks_coop(1, Some("1")));
+    assert!(!dsa::auto_picks_coop(1 << 20, Some("0")));
+    assert!(dsa::auto_picks_coop(min, Some("yes")), "other values keep the length rule");
+}
+
+#[test]
 fn indexer_k31_shape_every_variant_matches_reference() {
     let Some(g) = gpu() else { return };
     let (ih, id, t) = (32, 128, 3);

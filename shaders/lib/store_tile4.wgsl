@@ -1,6 +1,6 @@
 // Stores a 4 x 4 register tile (rows s0..s3 of 4 consecutive floats each) into DST from `at`,
-// rows `stride` floats apart: kda_chunk.wgsl's register state pass writes S_n for the output
-// pass and the final state this way. Included once per buffer, DST and store_tile4 renamed.
+// rows `stride` floats apart: kda_chunk.wgsl's register state pass writes the final state this
+// way. Included once per buffer, DST and store_tile4 renamed.
 fn store_tile4(at: u32, stride: u32, s0: vec4<f32>, s1: vec4<f32>, s2: vec4<f32>, s3: vec4<f32>) {
     DST[at] = s0.x;
     DST[at + 1u] = s0.y;

@@ -48,27 +48,35 @@ shader_params!(
 
 /// Indexer variants are specialised on (heads, head_dim); these two are validated in CI
 /// (K3.1 and the tiny/test shapes), others are built on demand by [`index_kernel`].
+/// The indexer kernels run without wgpu's runtime checks: [`index_scores_kernel`] checks that
+/// every position below n_pos lies in an allocated page and that q, w and the score rows are
+/// large enough; workgroup-memory indices are bounded by the constants.
 pub const INDEX_SCORES_K31: Kernel =
-    Kernel::new("index_scores_32x128", "indexer", "index_scores").with_constants(&[("IH", 32.0), ("ID", 128.0)]);
+    Kernel::new("index_scores_32x128", "indexer", "index_scores").with_constants(&[("IH", 32.0), ("ID", 128.0)]).unchecked();
 /// Bench diagnostic: the scan's key reads alone (indexer.wgsl `index_keys_probe`), K3.1 rows.
 pub const INDEX_KEYS_PROBE: Kernel =
-    Kernel::new("index_keys_probe", "indexer", "index_keys_probe").with_constants(&[("IH", 32.0), ("ID", 128.0)]);
+    Kernel::new("index_keys_probe", "indexer", "index_keys_probe").with_constants(&[("IH", 32.0), ("ID", 128.0)]).unchecked();
 pub const INDEX_SCORES_4X32: Kernel =
-    Kernel::new("index_scores_4x32", "indexer", "index_scores").with_constants(&[("IH", 4.0), ("ID", 32.0)]);
+    Kernel::new("index_scores_4x32", "indexer", "index_scores").with_constants(&[("IH", 4.0), ("ID", 32.0)]).unchecked();
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q scaled per head and split into two f16
 /// parts by masking, keys scaled into the exact f16 range (f32 recomputation beyond it): within
 /// ~6e-7 of the f32 kernel on the H200, in the layout that measured fastest (8 subgroups,
 /// 64-position tiles; a streaming 2-subgroup form was slower and was removed). Opt-in, see
 /// [`IndexVariant`].
 pub const INDEX_SCORES_COOP: Kernel =
-    Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop").with_constants(&[("QSPLIT", 1.0)]).coopmat().subgroups();
+    Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop")
+        .with_constants(&[("QSPLIT", 1.0)])
+        .coopmat()
+        .subgroups()
+        .unchecked();
 /// The original kernel, q rounded to f16 (~4e-4 of the largest score; moved 1-2 of 2048
 /// selected positions on the H200). Its former hi+lo form measured the same: the driver folds
 /// f32(f16(x)) to x, so lo was zero.
 pub const INDEX_SCORES_COOP_F16: Kernel = Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop")
     .with_constants(&[("QSPLIT", 0.0), ("EXACT", 0.0)])
     .coopmat()
-    .subgroups();
+    .subgroups()
+    .unchecked();
 // The top-k kernels run without wgpu's runtime checks: rows are below n_rows (host-checked
 // against the scratch and the score buffer), positions below the valid length <= row_len <=
 // row_stride, selection slots below k, workgroup-memory indices bounded by construction (the
@@ -184,7 +192,7 @@ pub fn index_kernel(heads: usize, head_dim: usize) -> Result<Kernel, GpuError> {
         let name: &'static str = Box::leak(format!("index_scores_{heads}x{head_dim}").into_boxed_str());
         let constants: &'static [(&'static str, f64)] =
             Box::leak(vec![("IH", heads as f64), ("ID", head_dim as f64)].into_boxed_slice());
-        Kernel::new(name, "indexer", "index_scores").with_constants(constants)
+        Kernel::new(name, "indexer", "index_scores").with_constants(constants).unchecked()
     });
     Ok(*k)
 }
@@ -425,9 +433,11 @@ impl PagedRows {
 /// Which indexer kernel runs (the benches and tests pick one; the layer uses `Auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexVariant {
-    /// SIMT (2026-11-29 on the H200: 95 us at 128K, 730 us at 1M). `K31_DSA_COOP=1` picks
-    /// [`IndexVariant::Coop`] where [`coop_indexer_available`] (exact scheme: 91 / 670 us; a
-    /// streaming coop form measured 124 / 965 us and was removed).
+    /// [`IndexVariant::Coop`] where [`coop_indexer_available`] and the row has at least
+    /// [`COOP_INDEX_MIN_POS`] positions, SIMT otherwise. H200, both built without runtime
+    /// checks (2026-11-30): coop 11.0 / 28.9 / 65.8 / 230 / 428 us at 4K / 32K / 128K / 512K /
+    /// 1M, SIMT 11.5 / 26.1 / 89.2 / 350 / 688 us. `K31_DSA_COOP=1` picks coop at every
+    /// length, `K31_DSA_COOP=0` never.
     Auto,
     /// f32 SIMT (indexer.wgsl): every adapter, every supported shape.
     Simt,
@@ -480,6 +490,20 @@ pub fn index_scores(
     index_scores_variant(gpu, enc, IndexVariant::Auto, keys, heads, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
 }
 
+/// Row length from which [`IndexVariant::Auto`] runs the coop indexer (where it exists): on the
+/// H200 SIMT was faster at 32K (26.1 vs 28.9 us), coop at 128K (65.8 vs 89.2 us).
+pub const COOP_INDEX_MIN_POS: usize = 65536;
+
+/// Whether [`IndexVariant::Auto`] takes the coop indexer for a row of `n_pos` positions, given
+/// the value of `K31_DSA_COOP` ("1": always, "0": never), on an adapter that has it.
+pub fn auto_picks_coop(n_pos: usize, env: Option<&str>) -> bool {
+    match env {
+        Some("1") => true,
+        Some("0") => false,
+        _ => n_pos >= COOP_INDEX_MIN_POS,
+    }
+}
+
 /// [`index_scores`] with an explicit kernel choice.
 #[allow(clippy::too_many_arguments)]
 pub fn index_scores_variant(
@@ -500,7 +524,7 @@ pub fn index_scores_variant(
     let id = keys.width;
     let coop_ok = coop_indexer_available(gpu, heads, id);
     let kernel = match variant {
-        IndexVariant::Auto if coop_ok && std::env::var("K31_DSA_COOP").is_ok_and(|v| v == "1") => INDEX_SCORES_COOP,
+        IndexVariant::Auto if coop_ok && auto_picks_coop(n_pos, std::env::var("K31_DSA_COOP").ok().as_deref()) => INDEX_SCORES_COOP,
         IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
         IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
             return Err(shape_err(format!(
