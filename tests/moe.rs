@@ -123,6 +123,20 @@ fn router_matches_reference_with_and_without_groups() {
     }
 }
 
+#[test]
+fn router_rejects_more_groups_than_its_group_scores() {
+    let Some(gpu) = support::gpu() else { return };
+    let (e, k) = (1024, 4);
+    let lb = gpu.storage("logits", (e * 4) as u64);
+    let bb = gpu.storage("bias", (e * 4) as u64);
+    let idx = gpu.storage("idx", (k * 4) as u64);
+    let wts = gpu.storage("wts", (k * 4) as u64);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let err = router::router_select(&gpu, &mut enc, &router_cfg(512, 8, 1.0), 1, e, k, &lb, &bb, &idx, &wts, None, None)
+        .expect_err("512 groups under a group limit");
+    assert!(err.to_string().contains("512 expert groups"), "{err}");
+}
+
 /// The golden LatentMoE layer (d 256, 16 experts top-4, latent 128, intermediate 64).
 struct GoldenMoe {
     t: usize,

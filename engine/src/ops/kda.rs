@@ -102,7 +102,8 @@ pub const KDA_DECODE_T32: Kernel = Kernel::new("kda_decode_t32", "kda", "kda_dec
 pub const KDA_DECODE_T32W256: Kernel = Kernel::new("kda_decode_t32w256", "kda", "kda_decode_t")
     .with_constants(&[("TC4", 8.0), ("DWG", 256.0), ("DRMAX", 8.0)])
     .unchecked();
-pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm");
+// Without runtime checks: `gated_norm` checks o, gate, norm_w and y; head_dim <= 256 = WG.
+pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm").unchecked();
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
 /// kda_chunk_intra, kda_chunk_state and kda_chunk_out run without wgpu's runtime bounds and
 /// loop checks: their indexing stays within the host-checked extents by construction

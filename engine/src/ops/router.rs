@@ -14,10 +14,15 @@ shader_params!(
     }
 );
 
-pub const ROUTER_SELECT: Kernel = Kernel::new("router_select", "router", "router_select");
+// Without wgpu's runtime checks: the host bounds experts (MAX_E), top_k (64), the group count
+// (the workgroup's 256 group scores) and every buffer; the sort permutes indices below the
+// padded size, so even NaN logits select in-range entries.
+pub const ROUTER_SELECT: Kernel = Kernel::new("router_select", "router", "router_select").unchecked();
 pub const KERNELS: &[Kernel] = &[ROUTER_SELECT];
 /// Most experts one router workgroup holds (MAX_E in the shader).
 pub const MAX_EXPERTS: usize = 1024;
+/// Most expert groups under a group limit (the shader's per-group scores, one per thread).
+pub const MAX_GROUPS: usize = 256;
 
 /// A gated activation for the router's dispatch to compute alongside: out [n] = act(gate, up).
 pub struct GluJob<'a> {
@@ -55,6 +60,9 @@ pub fn router_select(
     }
     if limited && (cfg.topk_group == 0 || top_k > cfg.topk_group * (experts / groups)) {
         return Err(GpuError::Shape(format!("router: top_k {top_k} exceeds the experts of {} kept groups", cfg.topk_group)));
+    }
+    if limited && groups > MAX_GROUPS {
+        return Err(GpuError::Shape(format!("router: {groups} expert groups (at most {MAX_GROUPS} with a group limit)")));
     }
     if logits.size() < (tokens * experts * 4) as u64 || bias.size() < (experts * 4) as u64 || idx.size() < (tokens * top_k * 4) as u64 || wts.size() < (tokens * top_k * 4) as u64 {
         return Err(GpuError::Shape(format!("router: buffers too small for {tokens} tokens x {experts} experts, top_k {top_k}")));
