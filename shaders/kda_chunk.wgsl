@@ -1075,6 +1075,246 @@ fn kda_chunk_state_r(
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// kda_chunk_state_r32: the register state pass at 32 value columns per workgroup of RWG = 128
+// threads (K <= 128): 4 workgroups per head, so K3.1's 96 heads fit one wave at 3 per SM, and
+// larger register tiles than kda_chunk_state_r (1.5 instead of 2 bytes of workgroup memory per
+// FMA, half the w / kg re-reads).
+//   Thread (chg = lid / 8, cq = lid % 8) keeps S[8 chg .. 8 chg + 7, columns 4 cq .. + 3] as
+//   eight vec4 for the whole pass.
+//   U stages (as in kda_chunk_state_r: ceil(K / 16) w slices of [64 rows, 16 channels]): the
+//   slice's 16 rows of S_n come from their owners (16 threads) beside it; U = u - w S_n as 8 x 4
+//   tiles (rows 8 rg .., columns 4 cq ..), the K reduction split between the two halves of the
+//   workgroup, which then swap partial sums for half of each tile's rows through rt_u.
+//   S stages: S = diag(e^Gamma_last) S_n + kg^T U, kg in slices of 16 rows x 128 channels.
+// 16 KiB of workgroup memory; one stage's global loads in flight, as in kda_chunk_state_r.
+const R32_COLS: u32 = 32u;
+const R32_CQ: u32 = 8u;           // column quads
+// U stages: [0, 256) the w slice [64 rows, 4 channel quads] (rt_wq), [256, 384) the slice's
+// S_n rows [16 channels, 8 column quads]; S stages: the kg slice [16 rows, 32 channel quads].
+var<workgroup> rt_a: array<vec4<f32>, 512>;
+// U [64 rows, 8 column quads]: the halves' partial sums, then U.
+var<workgroup> rt_u: array<vec4<f32>, 512>;
+@group(0) @binding(11) var<storage, read_write> state4: array<vec4<f32>>;
+
+// Slot of (row, channel quad) of the w slice: the quad XOR (row / 8) % 4, so that the four row
+// groups one warp reads in one step (rows 8 apart) fall on different banks.
+fn rt_wq(row: u32, quad: u32) -> u32 {
+    return row * 4u + (quad ^ ((row / 8u) % 4u));
+}
+
+@compute @workgroup_size(RWG)
+fn kda_chunk_state_r32(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let tiles = (p.dk + R32_COLS - 1u) / R32_COLS;
+    let id = wg.x + wg.y * nwg.x;
+    if (id >= p.heads * tiles) {
+        return;
+    }
+    let h = id / tiles;
+    let v0 = (id % tiles) * R32_COLS;
+    let hk = p.heads * p.dk;
+    let kv = p.dk * p.dk;
+    let dk4 = p.dk / 4u;
+    let cq = lid % R32_CQ;
+    let chg = lid / R32_CQ;        // S: channels 8 chg .. 8 chg + 7 (chg < 16)
+    let ch = 8u * chg;
+    let col = v0 + 4u * cq;
+    let live = col < p.dk;         // K is a multiple of 16: whole quads, whole channel octets
+    let own = live && ch < p.dk;
+    let half = lid / 64u;          // U: which half of each w slice's channels
+    let rg = (lid % 64u) / R32_CQ; // U: rows 8 rg .. 8 rg + 7
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    var s4 = vec4<f32>(0.0);
+    var s5 = vec4<f32>(0.0);
+    var s6 = vec4<f32>(0.0);
+    var s7 = vec4<f32>(0.0);
+    let sbase = (h * kv + ch * p.dk + col) / 4u;
+    if (own) {
+        s0 = state4[sbase];
+        s1 = state4[sbase + dk4];
+        s2 = state4[sbase + 2u * dk4];
+        s3 = state4[sbase + 3u * dk4];
+        s4 = state4[sbase + 4u * dk4];
+        s5 = state4[sbase + 5u * dk4];
+        s6 = state4[sbase + 6u * dk4];
+        s7 = state4[sbase + 7u * dk4];
+    }
+    let nsu = (p.dk + RWC - 1u) / RWC;
+    let nss = C / RKR;
+    var pf = rs_fetch(0u, 0u, nsu, h, lid);
+    for (var n = 0u; n < p.nchunks; n++) {
+        let t0 = n * C;
+        let nv = rows_in(n);
+        if (own) {
+            // S_n for kda_chunk_out.
+            let at = ((n * p.heads + h) * kv + ch * p.dk + col) / 4u;
+            hs4[at] = s0;
+            hs4[at + dk4] = s1;
+            hs4[at + 2u * dk4] = s2;
+            hs4[at + 3u * dk4] = s3;
+            hs4[at + 4u * dk4] = s4;
+            hs4[at + 5u * dk4] = s5;
+            hs4[at + 6u * dk4] = s6;
+            hs4[at + 7u * dk4] = s7;
+        }
+        var a0 = vec4<f32>(0.0);
+        var a1 = vec4<f32>(0.0);
+        var a2 = vec4<f32>(0.0);
+        var a3 = vec4<f32>(0.0);
+        var a4 = vec4<f32>(0.0);
+        var a5 = vec4<f32>(0.0);
+        var a6 = vec4<f32>(0.0);
+        var a7 = vec4<f32>(0.0);
+        var uin: array<vec4<f32>, 4>;
+        var dlo = vec4<f32>(1.0);
+        var dhi = vec4<f32>(1.0);
+        let glast = (t0 + nv - 1u) * hk + h * p.dk;
+        // This half's own rows of the tile (the other half's partial sums come through rt_u).
+        let mine = 8u * rg + 4u * half;
+        for (var s = 0u; s < nsu; s++) {
+            for (var i = 0u; i < 2u; i++) {
+                let e = lid + i * RWG;
+                rt_a[rt_wq(e / 4u, e % 4u)] = pf[i];
+            }
+            if (chg / 2u == s) {
+                let sb = 256u + 8u * (chg % 2u) * R32_CQ + cq;
+                rt_a[sb] = s0;
+                rt_a[sb + R32_CQ] = s1;
+                rt_a[sb + 2u * R32_CQ] = s2;
+                rt_a[sb + 3u * R32_CQ] = s3;
+                rt_a[sb + 4u * R32_CQ] = s4;
+                rt_a[sb + 5u * R32_CQ] = s5;
+                rt_a[sb + 6u * R32_CQ] = s6;
+                rt_a[sb + 7u * R32_CQ] = s7;
+            }
+            workgroupBarrier();
+            if (s + 1u < nsu) {
+                pf = rs_fetch(n, s + 1u, nsu, h, lid);
+            } else {
+                pf = rs_fetch(n, nsu, nsu, h, lid);
+                // u of this half's rows and the decay, a stage before their use.
+                if (live) {
+                    for (var ii = 0u; ii < 4u; ii++) {
+                        let r = mine + ii;
+                        if (r < nv) {
+                            uin[ii] = u4[((t0 + r) * hk + h * p.dk + col) / 4u];
+                        }
+                    }
+                }
+                if (own) {
+                    let ga = glast + ch;
+                    dlo = exp(vec4<f32>(gam[ga], gam[ga + 1u], gam[ga + 2u], gam[ga + 3u]));
+                    dhi = exp(vec4<f32>(gam[ga + 4u], gam[ga + 5u], gam[ga + 6u], gam[ga + 7u]));
+                }
+            }
+            for (var j = 0u; j < 2u; j++) {
+                let qd = 2u * half + j;
+                let b0 = rt_a[256u + (4u * qd) * R32_CQ + cq];
+                let b1 = rt_a[256u + (4u * qd + 1u) * R32_CQ + cq];
+                let b2 = rt_a[256u + (4u * qd + 2u) * R32_CQ + cq];
+                let b3 = rt_a[256u + (4u * qd + 3u) * R32_CQ + cq];
+                let w0 = rt_a[rt_wq(8u * rg, qd)];
+                let w1 = rt_a[rt_wq(8u * rg + 1u, qd)];
+                let w2 = rt_a[rt_wq(8u * rg + 2u, qd)];
+                let w3 = rt_a[rt_wq(8u * rg + 3u, qd)];
+                let w4_ = rt_a[rt_wq(8u * rg + 4u, qd)];
+                let w5 = rt_a[rt_wq(8u * rg + 5u, qd)];
+                let w6 = rt_a[rt_wq(8u * rg + 6u, qd)];
+                let w7 = rt_a[rt_wq(8u * rg + 7u, qd)];
+                a0 += w0.x * b0 + w0.y * b1 + w0.z * b2 + w0.w * b3;
+                a1 += w1.x * b0 + w1.y * b1 + w1.z * b2 + w1.w * b3;
+                a2 += w2.x * b0 + w2.y * b1 + w2.z * b2 + w2.w * b3;
+                a3 += w3.x * b0 + w3.y * b1 + w3.z * b2 + w3.w * b3;
+                a4 += w4_.x * b0 + w4_.y * b1 + w4_.z * b2 + w4_.w * b3;
+                a5 += w5.x * b0 + w5.y * b1 + w5.z * b2 + w5.w * b3;
+                a6 += w6.x * b0 + w6.y * b1 + w6.z * b2 + w6.w * b3;
+                a7 += w7.x * b0 + w7.y * b1 + w7.z * b2 + w7.w * b3;
+            }
+            if (s + 1u == nsu) {
+                // The other half's rows of this tile: half 0 hands over rows 4..7, half 1 rows 0..3.
+                let other = (8u * rg + 4u * (1u - half)) * R32_CQ + cq;
+                rt_u[other] = select(a4, a0, half == 1u);
+                rt_u[other + R32_CQ] = select(a5, a1, half == 1u);
+                rt_u[other + 2u * R32_CQ] = select(a6, a2, half == 1u);
+                rt_u[other + 3u * R32_CQ] = select(a7, a3, half == 1u);
+            }
+            workgroupBarrier();
+        }
+        // U = u - (both halves' sums) on this half's rows (zero past the end and off the matrix).
+        for (var ii = 0u; ii < 4u; ii++) {
+            let r = mine + ii;
+            var acc = select(a0, a4, half == 1u);
+            if (ii == 1u) {
+                acc = select(a1, a5, half == 1u);
+            } else if (ii == 2u) {
+                acc = select(a2, a6, half == 1u);
+            } else if (ii == 3u) {
+                acc = select(a3, a7, half == 1u);
+            }
+            let slot = r * R32_CQ + cq;
+            var uu = vec4<f32>(0.0);
+            if (r < nv && live) {
+                uu = uin[ii] - (acc + rt_u[slot]);
+                u4[((t0 + r) * hk + h * p.dk + col) / 4u] = uu;
+            }
+            rt_u[slot] = uu;
+        }
+        s0 *= dlo.x;
+        s1 *= dlo.y;
+        s2 *= dlo.z;
+        s3 *= dlo.w;
+        s4 *= dhi.x;
+        s5 *= dhi.y;
+        s6 *= dhi.z;
+        s7 *= dhi.w;
+        // S stages: kg rows s RKR .. + RKR - 1 (zero past the end: a constant trip count).
+        for (var s = 0u; s < nss; s++) {
+            for (var i = 0u; i < 4u; i++) {
+                rt_a[lid + i * RWG] = pf[i];
+            }
+            workgroupBarrier();
+            if (s + 1u < nss) {
+                pf = rs_fetch(n, nsu + s + 1u, nsu, h, lid);
+            } else {
+                pf = rs_fetch(n + 1u, 0u, nsu, h, lid);
+            }
+            let rb = s * RKR;
+            for (var r = 0u; r < RKR; r++) {
+                let k0 = rt_a[r * 32u + 2u * chg];
+                let k1 = rt_a[r * 32u + 2u * chg + 1u];
+                let uu = rt_u[(rb + r) * R32_CQ + cq];
+                s0 += k0.x * uu;
+                s1 += k0.y * uu;
+                s2 += k0.z * uu;
+                s3 += k0.w * uu;
+                s4 += k1.x * uu;
+                s5 += k1.y * uu;
+                s6 += k1.z * uu;
+                s7 += k1.w * uu;
+            }
+            workgroupBarrier();
+        }
+    }
+    if (own) {
+        state4[sbase] = s0;
+        state4[sbase + dk4] = s1;
+        state4[sbase + 2u * dk4] = s2;
+        state4[sbase + 3u * dk4] = s3;
+        state4[sbase + 4u * dk4] = s4;
+        state4[sbase + 5u * dk4] = s5;
+        state4[sbase + 6u * dk4] = s6;
+        state4[sbase + 7u * dk4] = s7;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // kda_chunk_state_b: S in registers, broadcast operands, 32 columns per workgroup of 64 threads,
 // 16 KiB (lib/kda_state_b.wgsl). On the H200 16 columns (32 threads, 8 KiB) were slower, and so
 // were slices of 4 or 16 rows (12 KiB, 24 KiB), see the include.

@@ -294,7 +294,7 @@ fn prefill_matches_reference() {
 }
 
 /// Every state-pass kernel, forced (on lavapipe, which reports 32 KiB of workgroup memory
-/// but runs more, the default is Reg and the 41 KB one runs only here): T across chunk
+/// but runs more, the default is Reg32 and the 41 KB one runs only here): T across chunk
 /// edges, K = 16, 48, 64, 80, 128 (48, 80: 32-column tiles half empty; 256 for the narrow
 /// kernel), both gates, with and without an initial state.
 #[test]
@@ -331,7 +331,7 @@ fn prefill_state_variants_match_reference() {
 /// The prefill picks its kernels by the adapter's workgroup memory: the intra kernels and the
 /// register state passes fit 32 KiB (Metal, DX12; Bcast and Reg 16 KiB) and so run everywhere;
 /// the staged state pass only where its 41 KB fit (NVIDIA, AMD Vulkan; not lavapipe's reported
-/// 32 KiB). The default for K <= 128 is Reg, Narrow beyond.
+/// 32 KiB). The default for K <= 128 is Reg32, Narrow beyond.
 #[test]
 fn prefill_kernels_by_workgroup_memory() {
     let Some(gpu) = support::gpu() else { return };
@@ -340,13 +340,13 @@ fn prefill_kernels_by_workgroup_memory() {
         let b = p.workgroup_bytes(&kern).expect("measure");
         assert!(b <= 32 * 1024, "{}: {b} bytes", kern.name);
     }
-    for kern in [kda::KDA_CHUNK_STATE_R, kda::KDA_CHUNK_STATE_B] {
+    for kern in [kda::KDA_CHUNK_STATE_R, kda::KDA_CHUNK_STATE_R32, kda::KDA_CHUNK_STATE_B] {
         let b = p.workgroup_bytes(&kern).expect("measure");
         assert!(b <= 16 * 1024, "{}: {b} bytes", kern.name);
     }
     let staged_fits = p.fits(&gpu, &kda::KDA_CHUNK_STATE).expect("measure");
     assert_eq!(staged_fits, gpu.caps.max_workgroup_storage >= p.workgroup_bytes(&kda::KDA_CHUNK_STATE).unwrap());
-    for (k, want) in [(64, StateVariant::Reg), (128, StateVariant::Reg), (256, StateVariant::Narrow)] {
+    for (k, want) in [(64, StateVariant::Reg32), (128, StateVariant::Reg32), (256, StateVariant::Narrow)] {
         let geom = KdaGeom { heads: 2, head_dim: k, taps: 4, gate: BOUNDED, post_conv: false };
         assert_eq!(StateVariant::default_for(&gpu, &geom).expect("choose"), want, "K={k}");
     }

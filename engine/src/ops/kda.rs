@@ -142,8 +142,11 @@ pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", 
 /// memory does not fit (16 columns per workgroup, S rows up to 256, 20 KB).
 pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chunk", "kda_chunk_state16");
 /// The state pass with S in registers (kda_chunk_state_r): 16 value columns per workgroup of
-/// 128 threads, 16 KiB of workgroup memory; K <= 128. The default where K <= 128.
+/// 128 threads, 16 KiB of workgroup memory; K <= 128.
 pub const KDA_CHUNK_STATE_R: Kernel = Kernel::new("kda_chunk_state_r", "kda_chunk", "kda_chunk_state_r").unchecked();
+/// kda_chunk_state_r at 32 value columns per workgroup of 128 threads (8 x 4 register tiles),
+/// 16 KiB; K <= 128. The default where K <= 128.
+pub const KDA_CHUNK_STATE_R32: Kernel = Kernel::new("kda_chunk_state_r32", "kda_chunk", "kda_chunk_state_r32").unchecked();
 /// The state pass with S in registers and broadcast operands (lib/kda_state_b.wgsl): 32
 /// value columns per workgroup of 64 threads, 16 KiB; K <= 128.
 pub const KDA_CHUNK_STATE_B: Kernel = Kernel::new("kda_chunk_state_b", "kda_chunk", "kda_chunk_state_b").unchecked();
@@ -170,6 +173,7 @@ pub const KERNELS: &[Kernel] = &[
     KDA_CHUNK_STATE,
     KDA_CHUNK_STATE16,
     KDA_CHUNK_STATE_R,
+    KDA_CHUNK_STATE_R32,
     KDA_CHUNK_STATE_B,
     KDA_CHUNK_OUT,
     KDA_COOP_SCAN,
@@ -292,6 +296,8 @@ const STATE_COLS: usize = 32;
 const STATE_KMAX: usize = 128;
 /// Value columns per kda_chunk_state_r workgroup (RCOLS in kda_chunk.wgsl).
 const STATE_R_COLS: usize = 16;
+/// Value columns per kda_chunk_state_r32 workgroup (R32_COLS in kda_chunk.wgsl).
+const STATE_R32_COLS: usize = 32;
 /// Value columns per kda_chunk_state_b workgroup (BC in lib/kda_state_b.wgsl's include).
 const STATE_B_COLS: usize = 32;
 /// Value columns per kda_chunk_state16 workgroup (LANES in kda_chunk.wgsl).
@@ -309,19 +315,24 @@ pub enum StateVariant {
     /// kda_chunk_state_r: S in registers, 4 x 4 register tiles, 16 value columns per
     /// workgroup of 128 threads (16 KiB); K <= 128.
     Reg,
+    /// kda_chunk_state_r32: as Reg with 8 x 4 register tiles, 32 value columns per workgroup
+    /// of 128 threads (16 KiB); K <= 128.
+    Reg32,
     /// kda_chunk_state_b: S in registers (a column and 64 channels per thread), w and kg
     /// slices read as broadcasts, 32 value columns per workgroup of 64 threads (16 KiB); K <= 128.
     Bcast,
 }
 
 impl StateVariant {
-    pub const ALL: [StateVariant; 4] = [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg, StateVariant::Bcast];
+    pub const ALL: [StateVariant; 5] =
+        [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg, StateVariant::Reg32, StateVariant::Bcast];
 
     fn kernel(self) -> (&'static Kernel, usize) {
         match self {
             StateVariant::Staged => (&KDA_CHUNK_STATE, STATE_COLS),
             StateVariant::Narrow => (&KDA_CHUNK_STATE16, STATE16_COLS),
             StateVariant::Reg => (&KDA_CHUNK_STATE_R, STATE_R_COLS),
+            StateVariant::Reg32 => (&KDA_CHUNK_STATE_R32, STATE_R32_COLS),
             StateVariant::Bcast => (&KDA_CHUNK_STATE_B, STATE_B_COLS),
         }
     }
@@ -337,15 +348,14 @@ impl StateVariant {
         Ok(self.supports(geom) && gpu.pipelines.runs_here(gpu, self.kernel().0))
     }
 
-    /// The variant [`chunk_prefill`] uses: Reg where it runs (K <= 128, 16 KiB of workgroup
-    /// memory), else Narrow. Staged (41 KB) and Bcast (16 KiB) have the same K limit and need
-    /// at least as much memory, so wherever they run Reg does. With the read-only bindings of
-    /// `pipelines::specialise`, Reg was the fastest on the H200 at T = 8192 x 96 heads x 128:
-    /// 3.86 ms against 3.90 (Staged), 4.20 (Bcast) and 89 ms (Narrow), same call; on lavapipe
-    /// too (268 against 427 ms for Bcast at T = 512 x 4 heads). The others stay selectable for
-    /// comparison on other adapters.
+    /// The variant [`chunk_prefill`] uses: Reg32 where it runs (K <= 128, 16 KiB of workgroup
+    /// memory), else Narrow. Staged (41 KB), Reg and Bcast (16 KiB) have the same K limit and
+    /// need at least as much memory, so wherever they run Reg32 does. On the H200 at T = 8192 x
+    /// 96 heads x 128 (2026-11-30, same process): Reg32 2.80 ms, Reg 3.79, Staged 3.90, Bcast
+    /// 4.19, Narrow 89 (384 Reg32 workgroups of 167 registers fit one wave at 3 per SM; Reg's
+    /// 768 took two). The others stay selectable for comparison on other adapters.
     pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> Result<StateVariant, GpuError> {
-        Ok(if StateVariant::Reg.runs_on(gpu, geom)? { StateVariant::Reg } else { StateVariant::Narrow })
+        Ok(if StateVariant::Reg32.runs_on(gpu, geom)? { StateVariant::Reg32 } else { StateVariant::Narrow })
     }
 }
 
