@@ -513,14 +513,8 @@ fn kda_chunk_intra(
                         kg16[at / 2u] = pack_f16x2(kgv.xy);
                         kg16[at / 2u + 1u] = pack_f16x2(kgv.zw);
                     } else {
-                        qg[at] = qgv.x;
-                        qg[at + 1u] = qgv.y;
-                        qg[at + 2u] = qgv.z;
-                        qg[at + 3u] = qgv.w;
-                        kg[at] = kgv.x;
-                        kg[at + 1u] = kgv.y;
-                        kg[at + 2u] = kgv.z;
-                        kg[at + 3u] = kgv.w;
+                        qg4[at / 4u] = qgv;
+                        kg4[at / 4u] = kgv;
                     }
                 }
             }
@@ -567,18 +561,12 @@ fn kda_chunk_intra(
                         }
                         let at = at0 + ii * hk;
                         if (!isk) {
-                            u[at] = y.x;
-                            u[at + 1u] = y.y;
-                            u[at + 2u] = y.z;
-                            u[at + 3u] = y.w;
+                            u4[at / 4u] = y;
                         } else if (HALF_OUT) {
                             w16[at / 2u] = pack_f16x2(y.xy);
                             w16[at / 2u + 1u] = pack_f16x2(y.zw);
                         } else {
-                            w[at] = y.x;
-                            w[at + 1u] = y.y;
-                            w[at + 2u] = y.z;
-                            w[at + 3u] = y.w;
+                            w4[at / 4u] = y;
                         }
                     }
                 }
@@ -851,12 +839,14 @@ fn kda_chunk_state(
 // 16 KiB of workgroup memory. On the H200 (Vulkan) workgroups of 32 KiB and more ran one per
 // SM: the same kernel at 32 columns (32 KiB, 384 workgroups) took 4.60 ms at T = 8192 x 96
 // heads, at 16 columns with 32 KiB arrays 10.9 ms, at 16 columns with these 16 KiB 4.35-4.46.
-// vec4 views of the buffers the register state pass reads or writes whole quads of (K and V
-// are multiples of 16, so every row starts on a quad): 128-bit loads and stores (state pass
-// 3.86 -> 3.80 ms on the H200; kda_chunk_out got slower reading hs and u this way).
+// vec4 views of the buffers the register state passes and kda_chunk_intra's phase 4 read or
+// write whole quads of (K and V are multiples of 16, so every row starts on a quad): 128-bit
+// loads and stores (on the H200 the state pass 3.86 -> 3.80 ms, intra 2.77 -> 2.67 ms;
+// kda_chunk_out got slower reading hs and u this way, with 256 and with 128 threads).
 @group(0) @binding(6) var<storage, read_write> w4: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> u4: array<vec4<f32>>;
 @group(0) @binding(9) var<storage, read_write> kg4: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> qg4: array<vec4<f32>>;
 @group(0) @binding(13) var<storage, read_write> hs4: array<vec4<f32>>;
 
 const RCOLS: u32 = 16u;          // value columns per workgroup
