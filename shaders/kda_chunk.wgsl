@@ -14,8 +14,9 @@
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
 //                     transposed in 64-channel slices); S = diag(e^Gamma_last) S_n + kg^T U
-//                     (4 channels x 2 columns per thread). kda_chunk_state_r: the same with S in
-//                     registers, 16 columns per workgroup, 16 KiB (the default where K <= 128).
+//                     (4 channels x 2 columns per thread). kda_chunk_state_r32: the same with S
+//                     in registers (8 x 4 per thread), 32 columns per workgroup, 16 KiB (the
+//                     default where K <= 128).
 //                     kda_chunk_state_b (lib/kda_state_b.wgsl): S in registers, a column x 64
 //                     channels per thread, w and kg read as broadcasts, 32 columns per
 //                     workgroup, 16 KiB.
@@ -25,7 +26,7 @@
 // steps at a time with the loads first. Workgroup memory stays below 48 KiB per kernel
 // (NVIDIA's Vulkan limit: a 57 KiB kernel hung the H200; lavapipe runs kernels above the 32
 // KiB it reports, so the tests do not catch an overrun); all but state (41 KB) stay within
-// 32 KiB (Metal, DX12), state_b and state_r within 16 KiB. The host runs intra (f32 outputs),
+// 32 KiB (Metal, DX12), state_b and state_r32 within 16 KiB. The host runs intra (f32 outputs),
 // state and out without wgpu's runtime bounds checks: every index is in range by
 // construction (global reads are guarded by row < nv and channel/column < K).
 //   kda_chunk_out:    per (chunk, head, tile of OVT columns), in parallel: O = [qg | A_qk] [S_n ; U]
@@ -823,22 +824,7 @@ fn kda_chunk_state(
 }
 
 // ---------------------------------------------------------------------------------------
-// kda_chunk_state_r: the state pass with S in registers. One workgroup per (head, tile of
-// RCOLS = 16 value columns), RWG = 128 threads, sequential over chunks; K <= 128.
-//   Thread (chg = lid / RCQ, cq = lid % RCQ) keeps S[4 chg .. 4 chg + 3, columns 4 cq .. + 3]
-//   as four vec4 (one per channel) for the whole pass.
-//   Per chunk: S_n -> rs_a (all of it, [128 channels, RCQ quads]) and to hs; U = u - w S_n as
-//   4 x 4 tiles (rows 4 rg .., columns 4 cq ..), the K reduction split between the two halves
-//   of the workgroup (each takes half of every staged w slice, half 1 hands its sums to half 0
-//   through rs_u); then S = diag(e^Gamma_last) S_n + kg^T U in the registers, kg staged in
-//   slices of RKR rows into rs_a (S_n is not needed there any more).
-//   Every staged read is a vec4 and feeds 4 x 4 FMAs.
-// Stages per chunk: the ceil(K / RWC) w slices [64 rows, RWC channels], then the 64 / RKR kg
-// slices [RKR rows, 128 channels]; the next stage's global loads are issued before the current
-// stage's math (one stage in flight in registers: 2 vec4 for w, 4 for kg).
-// 16 KiB of workgroup memory. On the H200 (Vulkan) workgroups of 32 KiB and more ran one per
-// SM: the same kernel at 32 columns (32 KiB, 384 workgroups) took 4.60 ms at T = 8192 x 96
-// heads, at 16 columns with 32 KiB arrays 10.9 ms, at 16 columns with these 16 KiB 4.35-4.46.
+// Shared by the register state pass below: workgroup size, slice shapes and their loads.
 // vec4 views of the buffers the register state passes and kda_chunk_intra's phase 4 read or
 // write whole quads of (K and V are multiples of 16, so every row starts on a quad): 128-bit
 // loads and stores (on the H200 the state pass 3.86 -> 3.80 ms, intra 2.77 -> 2.67 ms;
@@ -849,24 +835,9 @@ fn kda_chunk_state(
 @group(0) @binding(8) var<storage, read_write> qg4: array<vec4<f32>>;
 @group(0) @binding(13) var<storage, read_write> hs4: array<vec4<f32>>;
 
-const RCOLS: u32 = 16u;          // value columns per workgroup
-const RWG: u32 = 8u * RCOLS;     // threads
-const RCQ: u32 = RCOLS / 4u;     // column quads
+const RWG: u32 = 128u;           // threads of a register state-pass workgroup
 const RWC: u32 = RWG / 8u;       // channels per staged w slice (2 vec4 per thread)
 const RKR: u32 = RWG / 8u;       // rows per staged kg slice (RKR x 128 channels: 4 vec4 per thread)
-// S_n [128, RCQ] during the U stages, then the kg slice [RKR, 32 channel quads].
-var<workgroup> rs_a: array<vec4<f32>, 512>;
-// w slice [64 rows, RWC / 4 channel quads], quads swizzled by the row's quad-row (see rs_wq).
-var<workgroup> rs_w: array<vec4<f32>, 256>;
-// U [64 rows, RCQ] (first half 1's partial sums, then U).
-var<workgroup> rs_u: array<vec4<f32>, 256>;
-
-// Slot of (row, channel quad) in rs_w: the quad XOR the row's quad-row (row / 4) so that the
-// rows one warp reads in one step spread over the banks.
-fn rs_wq(row: u32, quad: u32) -> u32 {
-    let nq = RWC / 4u;
-    return row * nq + (quad ^ ((row / 4u) % nq));
-}
 
 // Global loads of stage s of chunk n (s < nsu: w slice s, else kg slice s - nsu); zeros past
 // the last row, past K and past the last chunk.
@@ -902,189 +873,21 @@ fn rs_fetch(n: u32, s: u32, nsu: u32, h: u32, lid: u32) -> array<vec4<f32>, 4> {
     return out;
 }
 
-#include "lib/store_tile4.wgsl" DST=state store_tile4=store_tile4_state
-
-@compute @workgroup_size(RWG)
-fn kda_chunk_state_r(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
-    let tiles = (p.dk + RCOLS - 1u) / RCOLS;
-    let id = wg.x + wg.y * nwg.x;
-    if (id >= p.heads * tiles) {
-        return;
-    }
-    let h = id / tiles;
-    let v0 = (id % tiles) * RCOLS;
-    let hk = p.heads * p.dk;
-    let kv = p.dk * p.dk;
-    let cq = lid % RCQ;
-    let chg = lid / RCQ;           // S: channels 4 chg .. 4 chg + 3 (chg < 32)
-    let ch = 4u * chg;
-    let col = v0 + 4u * cq;
-    let live = col < p.dk;         // V is a multiple of 16: the whole quad or none of it
-    let own = live && ch < p.dk;
-    let tt = lid % (16u * RCQ);
-    let rg = tt / RCQ;             // U: rows 4 rg .. 4 rg + 3
-    let half = lid / (16u * RCQ);  // U: which half of each w slice's channels
-    let hq = RWC / 8u;             // channel quads per half slice
-    var s0 = vec4<f32>(0.0);
-    var s1 = vec4<f32>(0.0);
-    var s2 = vec4<f32>(0.0);
-    var s3 = vec4<f32>(0.0);
-    if (own) {
-        let at = h * kv + ch * p.dk + col;
-        s0 = vec4<f32>(state[at], state[at + 1u], state[at + 2u], state[at + 3u]);
-        s1 = vec4<f32>(state[at + p.dk], state[at + p.dk + 1u], state[at + p.dk + 2u], state[at + p.dk + 3u]);
-        let a2 = at + 2u * p.dk;
-        s2 = vec4<f32>(state[a2], state[a2 + 1u], state[a2 + 2u], state[a2 + 3u]);
-        let a3 = at + 3u * p.dk;
-        s3 = vec4<f32>(state[a3], state[a3 + 1u], state[a3 + 2u], state[a3 + 3u]);
-    }
-    let nsu = (p.dk + RWC - 1u) / RWC;
-    let nss = C / RKR;
-    var pf = rs_fetch(0u, 0u, nsu, h, lid);
-    for (var n = 0u; n < p.nchunks; n++) {
-        let t0 = n * C;
-        let nv = rows_in(n);
-        // S_n: to workgroup memory for the U stages, and out for kda_chunk_out.
-        rs_a[ch * RCQ + cq] = s0;
-        rs_a[(ch + 1u) * RCQ + cq] = s1;
-        rs_a[(ch + 2u) * RCQ + cq] = s2;
-        rs_a[(ch + 3u) * RCQ + cq] = s3;
-        if (own) {
-            let at = ((n * p.heads + h) * kv + ch * p.dk + col) / 4u;
-            let dk4 = p.dk / 4u;
-            hs4[at] = s0;
-            hs4[at + dk4] = s1;
-            hs4[at + 2u * dk4] = s2;
-            hs4[at + 3u * dk4] = s3;
-        }
-        var acc0 = vec4<f32>(0.0);
-        var acc1 = vec4<f32>(0.0);
-        var acc2 = vec4<f32>(0.0);
-        var acc3 = vec4<f32>(0.0);
-        var uin: array<vec4<f32>, 4>;
-        var dec = vec4<f32>(1.0);
-        let glast = (t0 + nv - 1u) * hk + h * p.dk;
-        // U stages: w slice s = channels s RWC .. + RWC - 1; this half takes hq quads of them.
-        for (var s = 0u; s < nsu; s++) {
-            for (var i = 0u; i < 2u; i++) {
-                let e = lid + i * RWG;
-                rs_w[rs_wq(e / (RWC / 4u), e % (RWC / 4u))] = pf[i];
-            }
-            workgroupBarrier();
-            if (s + 1u < nsu) {
-                pf = rs_fetch(n, s + 1u, nsu, h, lid);
-            } else {
-                pf = rs_fetch(n, nsu, nsu, h, lid);
-                // u (half 0's rows) and the decay, a stage before their use.
-                if (half == 0u && live) {
-                    for (var ii = 0u; ii < 4u; ii++) {
-                        let r = 4u * rg + ii;
-                        if (r < nv) {
-                            uin[ii] = u4[((t0 + r) * hk + h * p.dk + col) / 4u];
-                        }
-                    }
-                }
-                if (own) {
-                    let ga = glast + ch;
-                    dec = exp(vec4<f32>(gam[ga], gam[ga + 1u], gam[ga + 2u], gam[ga + 3u]));
-                }
-            }
-            for (var j = 0u; j < hq; j++) {
-                let qd = half * hq + j;
-                let w0 = rs_w[rs_wq(4u * rg, qd)];
-                let w1 = rs_w[rs_wq(4u * rg + 1u, qd)];
-                let w2 = rs_w[rs_wq(4u * rg + 2u, qd)];
-                let w3 = rs_w[rs_wq(4u * rg + 3u, qd)];
-                let sb = (s * RWC + 4u * qd) * RCQ + cq;
-                let b0 = rs_a[sb];
-                let b1 = rs_a[sb + RCQ];
-                let b2 = rs_a[sb + 2u * RCQ];
-                let b3 = rs_a[sb + 3u * RCQ];
-                acc0 += w0.x * b0 + w0.y * b1 + w0.z * b2 + w0.w * b3;
-                acc1 += w1.x * b0 + w1.y * b1 + w1.z * b2 + w1.w * b3;
-                acc2 += w2.x * b0 + w2.y * b1 + w2.z * b2 + w2.w * b3;
-                acc3 += w3.x * b0 + w3.y * b1 + w3.z * b2 + w3.w * b3;
-            }
-            if (s + 1u == nsu && half == 1u) {
-                let ub = 4u * rg * RCQ + cq;
-                rs_u[ub] = acc0;
-                rs_u[ub + RCQ] = acc1;
-                rs_u[ub + 2u * RCQ] = acc2;
-                rs_u[ub + 3u * RCQ] = acc3;
-            }
-            workgroupBarrier();
-        }
-        // U = u - (both halves' sums), by half 0 (rows past the end and idle columns are 0).
-        if (half == 0u) {
-            for (var ii = 0u; ii < 4u; ii++) {
-                let r = 4u * rg + ii;
-                var acc = acc0;
-                if (ii == 1u) {
-                    acc = acc1;
-                } else if (ii == 2u) {
-                    acc = acc2;
-                } else if (ii == 3u) {
-                    acc = acc3;
-                }
-                var uu = vec4<f32>(0.0);
-                if (r < nv && live) {
-                    uu = uin[ii] - (acc + rs_u[r * RCQ + cq]);
-                    u4[((t0 + r) * hk + h * p.dk + col) / 4u] = uu;
-                }
-                rs_u[r * RCQ + cq] = uu;
-            }
-        }
-        s0 *= dec.x;
-        s1 *= dec.y;
-        s2 *= dec.z;
-        s3 *= dec.w;
-        // S stages: kg rows s RKR .. + RKR - 1 (zero past the end, so a constant trip count).
-        for (var s = 0u; s < nss; s++) {
-            for (var i = 0u; i < 4u; i++) {
-                rs_a[lid + i * RWG] = pf[i];
-            }
-            workgroupBarrier();
-            if (s + 1u < nss) {
-                pf = rs_fetch(n, nsu + s + 1u, nsu, h, lid);
-            } else {
-                pf = rs_fetch(n + 1u, 0u, nsu, h, lid);
-            }
-            let rb = s * RKR;
-            for (var r = 0u; r < RKR; r += 2u) {
-                let k0 = rs_a[r * 32u + chg];
-                let k1 = rs_a[(r + 1u) * 32u + chg];
-                let u0 = rs_u[(rb + r) * RCQ + cq];
-                let u1 = rs_u[(rb + r + 1u) * RCQ + cq];
-                s0 += k0.x * u0 + k1.x * u1;
-                s1 += k0.y * u0 + k1.y * u1;
-                s2 += k0.z * u0 + k1.z * u1;
-                s3 += k0.w * u0 + k1.w * u1;
-            }
-            workgroupBarrier();
-        }
-    }
-    if (own) {
-        store_tile4_state(h * kv + ch * p.dk + col, p.dk, s0, s1, s2, s3);
-    }
-}
-
 // ---------------------------------------------------------------------------------------
-// kda_chunk_state_r32: the register state pass at 32 value columns per workgroup of RWG = 128
-// threads (K <= 128): 4 workgroups per head, so K3.1's 96 heads fit one wave at 3 per SM, and
-// larger register tiles than kda_chunk_state_r (1.5 instead of 2 bytes of workgroup memory per
-// FMA, half the w / kg re-reads).
+// kda_chunk_state_r32: the state pass with S in registers, 32 value columns per workgroup of
+// RWG = 128 threads (K <= 128): 4 workgroups per head, so K3.1's 96 heads fit one wave at 3 per
+// SM (167 registers on the H200). It replaced a 16-column form with 4 x 4 tiles (768 workgroups,
+// two waves, 2 instead of 1.5 bytes of workgroup memory per FMA, twice the w / kg re-reads):
+// 3.79 -> 2.80 ms at T = 8192 x 96 heads.
 //   Thread (chg = lid / 8, cq = lid % 8) keeps S[8 chg .. 8 chg + 7, columns 4 cq .. + 3] as
 //   eight vec4 for the whole pass.
-//   U stages (as in kda_chunk_state_r: ceil(K / 16) w slices of [64 rows, 16 channels]): the
-//   slice's 16 rows of S_n come from their owners (16 threads) beside it; U = u - w S_n as 8 x 4
+//   U stages (ceil(K / 16) w slices of [64 rows, 16 channels], RWC): the slice's 16 rows of
+//   S_n come from their owners (16 threads) beside it; U = u - w S_n as 8 x 4
 //   tiles (rows 8 rg .., columns 4 cq ..), the K reduction split between the two halves of the
 //   workgroup, which then swap partial sums for half of each tile's rows through rt_u.
 //   S stages: S = diag(e^Gamma_last) S_n + kg^T U, kg in slices of 16 rows x 128 channels.
-// 16 KiB of workgroup memory; one stage's global loads in flight, as in kda_chunk_state_r.
+// 16 KiB of workgroup memory; one stage's global loads in flight (two stages ahead, or fewer
+// barriers through a second w buffer, measured slower on the H200).
 const R32_COLS: u32 = 32u;
 const R32_CQ: u32 = 8u;           // column quads
 // U stages: [0, 256) the w slice [64 rows, 4 channel quads] (rt_wq), [256, 384) the slice's

@@ -141,11 +141,9 @@ pub const KDA_CHUNK_STATE: Kernel = Kernel::new("kda_chunk_state", "kda_chunk", 
 /// The state pass for K > STATE_KMAX and for adapters where kda_chunk_state's workgroup
 /// memory does not fit (16 columns per workgroup, S rows up to 256, 20 KB).
 pub const KDA_CHUNK_STATE16: Kernel = Kernel::new("kda_chunk_state16", "kda_chunk", "kda_chunk_state16");
-/// The state pass with S in registers (kda_chunk_state_r): 16 value columns per workgroup of
-/// 128 threads, 16 KiB of workgroup memory; K <= 128.
-pub const KDA_CHUNK_STATE_R: Kernel = Kernel::new("kda_chunk_state_r", "kda_chunk", "kda_chunk_state_r").unchecked();
-/// kda_chunk_state_r at 32 value columns per workgroup of 128 threads (8 x 4 register tiles),
-/// 16 KiB; K <= 128. The default where K <= 128.
+/// The state pass with S in registers (kda_chunk_state_r32): 32 value columns per workgroup of
+/// 128 threads (8 x 4 register tiles), 16 KiB of workgroup memory; K <= 128. The default
+/// where K <= 128.
 pub const KDA_CHUNK_STATE_R32: Kernel = Kernel::new("kda_chunk_state_r32", "kda_chunk", "kda_chunk_state_r32").unchecked();
 /// The state pass with S in registers and broadcast operands (lib/kda_state_b.wgsl): 32
 /// value columns per workgroup of 64 threads, 16 KiB; K <= 128.
@@ -172,7 +170,6 @@ pub const KERNELS: &[Kernel] = &[
     KDA_CHUNK_INTRA_H_REF,
     KDA_CHUNK_STATE,
     KDA_CHUNK_STATE16,
-    KDA_CHUNK_STATE_R,
     KDA_CHUNK_STATE_R32,
     KDA_CHUNK_STATE_B,
     KDA_CHUNK_OUT,
@@ -294,8 +291,6 @@ const STATE_COLS: usize = 32;
 /// Largest K of kda_chunk_state (rows of its workgroup-memory state tile); kda_chunk_state16
 /// (16 columns per workgroup) beyond.
 const STATE_KMAX: usize = 128;
-/// Value columns per kda_chunk_state_r workgroup (RCOLS in kda_chunk.wgsl).
-const STATE_R_COLS: usize = 16;
 /// Value columns per kda_chunk_state_r32 workgroup (R32_COLS in kda_chunk.wgsl).
 const STATE_R32_COLS: usize = 32;
 /// Value columns per kda_chunk_state_b workgroup (BC in lib/kda_state_b.wgsl's include).
@@ -312,11 +307,8 @@ pub enum StateVariant {
     /// kda_chunk_state16: 16 value columns per workgroup, w and kg read from global memory
     /// (20 KB); any K.
     Narrow,
-    /// kda_chunk_state_r: S in registers, 4 x 4 register tiles, 16 value columns per
+    /// kda_chunk_state_r32: S in registers, 8 x 4 register tiles, 32 value columns per
     /// workgroup of 128 threads (16 KiB); K <= 128.
-    Reg,
-    /// kda_chunk_state_r32: as Reg with 8 x 4 register tiles, 32 value columns per workgroup
-    /// of 128 threads (16 KiB); K <= 128.
     Reg32,
     /// kda_chunk_state_b: S in registers (a column and 64 channels per thread), w and kg
     /// slices read as broadcasts, 32 value columns per workgroup of 64 threads (16 KiB); K <= 128.
@@ -324,14 +316,12 @@ pub enum StateVariant {
 }
 
 impl StateVariant {
-    pub const ALL: [StateVariant; 5] =
-        [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg, StateVariant::Reg32, StateVariant::Bcast];
+    pub const ALL: [StateVariant; 4] = [StateVariant::Staged, StateVariant::Narrow, StateVariant::Reg32, StateVariant::Bcast];
 
     fn kernel(self) -> (&'static Kernel, usize) {
         match self {
             StateVariant::Staged => (&KDA_CHUNK_STATE, STATE_COLS),
             StateVariant::Narrow => (&KDA_CHUNK_STATE16, STATE16_COLS),
-            StateVariant::Reg => (&KDA_CHUNK_STATE_R, STATE_R_COLS),
             StateVariant::Reg32 => (&KDA_CHUNK_STATE_R32, STATE_R32_COLS),
             StateVariant::Bcast => (&KDA_CHUNK_STATE_B, STATE_B_COLS),
         }
@@ -349,11 +339,11 @@ impl StateVariant {
     }
 
     /// The variant [`chunk_prefill`] uses: Reg32 where it runs (K <= 128, 16 KiB of workgroup
-    /// memory), else Narrow. Staged (41 KB), Reg and Bcast (16 KiB) have the same K limit and
-    /// need at least as much memory, so wherever they run Reg32 does. On the H200 at T = 8192 x
-    /// 96 heads x 128 (2026-11-30, same process): Reg32 2.80 ms, Reg 3.79, Staged 3.90, Bcast
-    /// 4.19, Narrow 89 (384 Reg32 workgroups of 167 registers fit one wave at 3 per SM; Reg's
-    /// 768 took two). The others stay selectable for comparison on other adapters.
+    /// memory), else Narrow. Staged (41 KB) and Bcast (16 KiB) have the same K limit and need
+    /// at least as much memory, so wherever they run Reg32 does. On the H200 at T = 8192 x 96
+    /// heads x 128 (2026-11-30, same process): Reg32 2.80 ms, Staged 3.90, Bcast 4.19, Narrow 89
+    /// (and 3.79 for the 16-column register form Reg32 replaced). The others stay selectable for
+    /// comparison on other adapters.
     pub fn default_for(gpu: &Gpu, geom: &KdaGeom) -> Result<StateVariant, GpuError> {
         Ok(if StateVariant::Reg32.runs_on(gpu, geom)? { StateVariant::Reg32 } else { StateVariant::Narrow })
     }
