@@ -9,7 +9,7 @@
 //                     in place on the ten lower blocks (packed), then [w | u] = (M diag(beta))
 //                     [K e^Gamma | V] as a register-tiled product (4x4 per thread, 64-column
 //                     slices staged 16 rows at a time); qg = q e^Gamma and kg = k e^(Gamma_last -
-//                     Gamma) on the way. 14 KiB of workgroup memory, one array reused by phase.
+//                     Gamma) on the way. 18 KiB of workgroup memory, one array reused by phase.
 //   kda_chunk_state:  per (head, tile of SBV value columns), sequential over chunks: keep S_n
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
@@ -119,14 +119,17 @@ fn kda_chunk_cumsum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 
 // ---------------------------------------------------------------------------------------
 // kda_chunk_intra
-// One workgroup array `sh` (14 KiB), reused by phase. On the H200 (Vulkan) the declared size
-// sets how many workgroups share an SM: this kernel took 3.53 ms at T = 8192 x 96 heads with
-// 14 or 16 KiB, 4.44 ms padded to 20 KiB and 4.35 ms padded to 32 KiB. The phases:
+// One workgroup array `sh` (18 KiB), reused by phase. On the H200 (Vulkan) the declared size
+// sets how many workgroups share an SM: an earlier form took 3.53 ms at T = 8192 x 96 heads
+// with 14 or 16 KiB, 4.44 ms padded to 20 KiB and 4.35 ms padded to 32 KiB; staging phase 4's
+// row blocks two at a time (14 -> 18 KiB, 100 -> 128 registers: two workgroups per SM either
+// way) took it 2.67 -> 2.62 ms. The phases:
 //   phase 1: one staged 8-channel slice (2 channel quads), 768 vec4, layout below;
 //   phases 2-3: A = diag(beta) A_kk, then M = (I + A)^-1 in place, as the ten lower 16x16
 //     blocks packed (block (a, b), b <= a, row-major at scalar pb(a, b)): 640 vec4; the
 //     inverse's block products T [3, 16, 16] after them (SH_T, 192 vec4);
-//   phase 4: M (packed) and one staged 16-row block of the right-hand side (SH_B, 256 vec4).
+//   phase 4: M (packed) and two staged 16-row blocks of the right-hand side (SH_B, SH_B2,
+//     256 vec4 each).
 // Phase 1 staging: per operand [2 channel quads, rows] of vec4 (quad-major, so a row's 4
 // channels are one vec4 load and consecutive rows are consecutive vec4s). With DIAG_REF the
 // first three hold k_j e^(Gamma_n(j) - Gamma_j) (all rows) and rows 0..15's k and q times
@@ -139,8 +142,9 @@ const P_LK: u32 = 384u;      // [2, 48] rows 16..63: k_r e^(Gamma_r - Gamma_n(r)
 const P_LQ: u32 = 480u;      // [2, 48] rows 16..63: q_r e^(Gamma_r - Gamma_n(r))
 const P_RK: u32 = 576u;      // for n = 16 a, a = 1, 2, 3: [2, n] k_j e^(Gamma_n - Gamma_j), j < n, at P_RK + 16 a (a - 1)
 const SH_T: u32 = 640u;      // T of the inverse [3, 16, 16] (vec4 index)
-const SH_B: u32 = 640u;      // phase 4's staged right-hand side block [16 rows, 16 column quads]
-var<workgroup> sh: array<vec4<f32>, 896>;
+const SH_B: u32 = 640u;      // phase 4's staged right-hand side blocks [16 rows, 16 column quads]
+const SH_B2: u32 = 896u;
+var<workgroup> sh: array<vec4<f32>, 1152>;
 
 fn s_get(e: u32) -> f32 {
     return sh[e >> 2u][e & 3u];
@@ -264,6 +268,41 @@ fn p4_fetch(st: u32, nmb: u32, nsl: u32, t0: u32, nv: u32, hk: u32, h: u32, glas
         }
     }
     return x;
+}
+
+// p4_fetch for step st of the paired form: row block 2 (st % npair) + second of slice st / npair.
+fn p4_fetch2(st: u32, npair: u32, nsl: u32, t0: u32, nv: u32, hk: u32, h: u32, glast: u32, lid: u32, second: u32) -> P4Raw {
+    let s = st / npair;
+    let mb = 2u * (st % npair) + second;
+    return p4_fetch(s * 4u + mb, 4u, nsl, t0, nv, hk, h, glast, lid);
+}
+
+// Stages row 16 mb + i, column quad j of phase 4's right-hand side at `at_sh` (diag(beta) and,
+// for the w slices, e^Gamma applied; zero past the last row and past K); the w slices also
+// write qg and kg there.
+fn p4_stage(rb: P4Raw, mb: u32, isk: bool, cb: u32, t0: u32, nv: u32, hk: u32, h: u32, bet: vec4<f32>, i: u32, j: u32, at_sh: u32) {
+    let m = mb * SUB + i;
+    let col = cb + 4u * j;
+    var xs = rb.k * bet[min(mb, 3u)];
+    if (isk) {
+        let eg = exp(rb.g);
+        xs *= eg;
+        if (m < nv && col < p.dk) {
+            let at = (t0 + m) * hk + h * p.dk + col;
+            let qgv = rb.q * eg;
+            let kgv = rb.k * exp(rb.gl - rb.g);
+            if (HALF_OUT) {
+                qg16[at / 2u] = pack_f16x2(qgv.xy);
+                qg16[at / 2u + 1u] = pack_f16x2(qgv.zw);
+                kg16[at / 2u] = pack_f16x2(kgv.xy);
+                kg16[at / 2u + 1u] = pack_f16x2(kgv.zw);
+            } else {
+                qg4[at / 4u] = qgv;
+                kg4[at / 4u] = kgv;
+            }
+        }
+    }
+    sh[at_sh + i * 16u + j] = xs;
 }
 
 fn beta_row(t0: u32, nv: u32, h: u32, r: u32) -> f32 {
@@ -476,77 +515,62 @@ fn kda_chunk_intra(
         workgroupBarrier();
     }
     // Phase 4: [w | u] = M diag(beta) B, B = [K e^Gamma | V], in slices of 64 columns (first
-    // the K/64 slices of w, then those of u), each staged in blocks of 16 rows (diag(beta)
-    // applied there) with the next block's loads issued before the current one is used. The
+    // the K/64 slices of w, then those of u), each staged two blocks of 16 rows at a time
+    // (diag(beta) applied there) with the next pair's loads issued before the current one is
+    // used. The
     // staging threads also write qg and kg. Thread (i, j): rows 4 i .. 4 i + 3 (in row block
     // ra), columns 4 j .. 4 j + 3 of the slice; row block mb adds M_{ra, mb} B_mb for mb <= ra.
     let glast = (t0 + nv - 1u) * hk + h * p.dk;
     let nsl = (p.dk + 63u) / 64u;
     let nmb = (nv + SUB - 1u) / SUB;
-    let nst = 2u * nsl * nmb;
+    // Two row blocks per step (the second zero where nmb is odd): half the steps and barriers.
+    let npair = (nmb + 1u) / 2u;
+    let nst = 2u * nsl * npair;
     let r0 = 4u * i;
     let ra = lid / 64u;
     var acc0 = vec4<f32>(0.0);
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
-    var rb = p4_fetch(0u, nmb, nsl, t0, nv, hk, h, glast, lid);
+    var rb = p4_fetch2(0u, npair, nsl, t0, nv, hk, h, glast, lid, 0u);
+    var rc = p4_fetch2(0u, npair, nsl, t0, nv, hk, h, glast, lid, 1u);
     for (var st = 0u; st < nst; st++) {
-        let s = st / nmb;
-        let mb = st % nmb;
+        let s = st / npair;
+        let pr = st % npair;
         let isk = s < nsl;
         let cb = select(s - nsl, s, isk) * 64u;
-        {
-            // Stage row 16 mb + i, column quad j (zero past the last row and past K).
-            let m = mb * SUB + i;
-            let col = cb + 4u * j;
-            var xs = rb.k * bet[mb];
-            if (isk) {
-                let eg = exp(rb.g);
-                xs *= eg;
-                if (m < nv && col < p.dk) {
-                    let at = (t0 + m) * hk + h * p.dk + col;
-                    let qgv = rb.q * eg;
-                    let kgv = rb.k * exp(rb.gl - rb.g);
-                    if (HALF_OUT) {
-                        qg16[at / 2u] = pack_f16x2(qgv.xy);
-                        qg16[at / 2u + 1u] = pack_f16x2(qgv.zw);
-                        kg16[at / 2u] = pack_f16x2(kgv.xy);
-                        kg16[at / 2u + 1u] = pack_f16x2(kgv.zw);
-                    } else {
-                        qg4[at / 4u] = qgv;
-                        kg4[at / 4u] = kgv;
-                    }
-                }
-            }
-            sh[SH_B + i * 16u + j] = xs;
-        }
+        p4_stage(rb, 2u * pr, isk, cb, t0, nv, hk, h, bet, i, j, SH_B);
+        p4_stage(rc, 2u * pr + 1u, isk, cb, t0, nv, hk, h, bet, i, j, SH_B2);
         workgroupBarrier();
         if (st + 1u < nst) {
-            rb = p4_fetch(st + 1u, nmb, nsl, t0, nv, hk, h, glast, lid);
+            rb = p4_fetch2(st + 1u, npair, nsl, t0, nv, hk, h, glast, lid, 0u);
+            rc = p4_fetch2(st + 1u, npair, nsl, t0, nv, hk, h, glast, lid, 1u);
         }
-        if (ra >= mb) {
-            // M's rows r0 .. r0 + 3 over the block's 16 columns, 4 columns per step as vec4s;
-            // in the diagonal block only up to column r0 + 3 (M is zero above the diagonal):
-            // intra 3.53 -> 3.41 ms on the H200 against the constant trip count of 4.
-            let mq0 = pb(ra, mb) / 4u + (r0 % SUB) * 4u;
-            let mqe = select(4u, (r0 % SUB) / 4u + 1u, ra == mb);
-            for (var mq = 0u; mq < mqe; mq++) {
-                let b0 = sh[SH_B + mq * 64u + j];
-                let b1 = sh[SH_B + mq * 64u + 16u + j];
-                let b2 = sh[SH_B + mq * 64u + 32u + j];
-                let b3 = sh[SH_B + mq * 64u + 48u + j];
-                let m0 = sh[mq0 + mq];
-                let m1 = sh[mq0 + 4u + mq];
-                let m2 = sh[mq0 + 8u + mq];
-                let m3 = sh[mq0 + 12u + mq];
-                acc0 += m0.x * b0 + m0.y * b1 + m0.z * b2 + m0.w * b3;
-                acc1 += m1.x * b0 + m1.y * b1 + m1.z * b2 + m1.w * b3;
-                acc2 += m2.x * b0 + m2.y * b1 + m2.z * b2 + m2.w * b3;
-                acc3 += m3.x * b0 + m3.y * b1 + m3.z * b2 + m3.w * b3;
+        for (var half = 0u; half < 2u; half++) {
+            let mb = 2u * pr + half;
+            let bb = select(SH_B, SH_B2, half == 1u);
+            if (ra >= mb && mb < nmb) {
+                // M's rows r0 .. r0 + 3 over the block's 16 columns, 4 columns per step as vec4s;
+                // in the diagonal block only up to column r0 + 3 (M is zero above the diagonal).
+                let mq0 = pb(ra, mb) / 4u + (r0 % SUB) * 4u;
+                let mqe = select(4u, (r0 % SUB) / 4u + 1u, ra == mb);
+                for (var mq = 0u; mq < mqe; mq++) {
+                    let b0 = sh[bb + mq * 64u + j];
+                    let b1 = sh[bb + mq * 64u + 16u + j];
+                    let b2 = sh[bb + mq * 64u + 32u + j];
+                    let b3 = sh[bb + mq * 64u + 48u + j];
+                    let m0 = sh[mq0 + mq];
+                    let m1 = sh[mq0 + 4u + mq];
+                    let m2 = sh[mq0 + 8u + mq];
+                    let m3 = sh[mq0 + 12u + mq];
+                    acc0 += m0.x * b0 + m0.y * b1 + m0.z * b2 + m0.w * b3;
+                    acc1 += m1.x * b0 + m1.y * b1 + m1.z * b2 + m1.w * b3;
+                    acc2 += m2.x * b0 + m2.y * b1 + m2.z * b2 + m2.w * b3;
+                    acc3 += m3.x * b0 + m3.y * b1 + m3.z * b2 + m3.w * b3;
+                }
             }
         }
-        if (mb + 1u == nmb) {
+        if (pr + 1u == npair) {
             let col = cb + 4u * j;
             if (col < p.dk) {
                 let at0 = (t0 + r0) * hk + h * p.dk + col;
