@@ -8,7 +8,7 @@
 //                     channels staged 8 at a time as vec4 quads), M = (I + diag(beta) A_kk)^-1 blockwise
 //                     in place on the ten lower blocks (packed), then [w | u] = (M diag(beta))
 //                     [K e^Gamma | V] as a register-tiled product (4x4 per thread, 64-column
-//                     slices staged 16 rows at a time); qg = q e^Gamma and kg = k e^(Gamma_last -
+//                     slices staged 32 rows at a time); qg = q e^Gamma and kg = k e^(Gamma_last -
 //                     Gamma) on the way. 18 KiB of workgroup memory, one array reused by phase.
 //   kda_chunk_state:  per (head, tile of SBV value columns), sequential over chunks: keep S_n
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
@@ -30,7 +30,7 @@
 // state and out without wgpu's runtime bounds checks: every index is in range by
 // construction (global reads are guarded by row < nv and channel/column < K).
 //   kda_chunk_out:    per (chunk, head, tile of OVT columns), in parallel: O = [qg | A_qk] [S_n ; U]
-//                     as one register-tiled product (4x4 per thread, inner dimension in slices of 32).
+//                     as one register-tiled product (8x4 per thread, inner dimension in slices of 32).
 // The ragged last chunk uses only its valid rows (Gamma_last from the last valid row).
 //
 // Preconditions (checked on the host): K = V, a multiple of 16, <= 256; inputs come from

@@ -61,8 +61,8 @@ pub const INDEX_SCORES_4X32: Kernel =
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q scaled per head and split into two f16
 /// parts by masking, keys scaled into the exact f16 range (f32 recomputation beyond it): within
 /// ~6e-7 of the f32 kernel on the H200, in the layout that measured fastest (8 subgroups,
-/// 64-position tiles; a streaming 2-subgroup form was slower and was removed). Opt-in, see
-/// [`IndexVariant`].
+/// 64-position tiles; a streaming 2-subgroup form was slower and was removed). The default
+/// from [`COOP_INDEX_MIN_POS`] positions, see [`IndexVariant::Auto`].
 pub const INDEX_SCORES_COOP: Kernel =
     Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop")
         .with_constants(&[("QSPLIT", 1.0)])
