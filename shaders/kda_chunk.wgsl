@@ -5,11 +5,11 @@
 //                     diagonal blocks, or with DIAG_REF where the gate's bound allows it the first
 //                     row as reference there too; the first row of the row's sub-chunk as
 //                     reference off the diagonal; never e^-Gamma alone; each thread one element of every block,
-//                     channels staged 8 at a time as vec4 quads), M = (I + diag(beta) A_kk)^-1 blockwise
+//                     channels staged 16 at a time as vec4 quads), M = (I + diag(beta) A_kk)^-1 blockwise
 //                     in place on the ten lower blocks (packed), then [w | u] = (M diag(beta))
 //                     [K e^Gamma | V] as a register-tiled product (4x4 per thread, 64-column
 //                     slices staged 32 rows at a time); qg = q e^Gamma and kg = k e^(Gamma_last -
-//                     Gamma) on the way. 18 KiB of workgroup memory, one array reused by phase.
+//                     Gamma) on the way. 24 KiB of workgroup memory, one array reused by phase.
 //   kda_chunk_state:  per (head, tile of SBV value columns), sequential over chunks: keep S_n
 //                     (workgroup memory, K <= 128; kda_chunk_state16 beyond), store it for
 //                     kda_chunk_out; U = u - w S_n (4 rows x 2 columns per thread, w staged
@@ -119,32 +119,34 @@ fn kda_chunk_cumsum(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_
 
 // ---------------------------------------------------------------------------------------
 // kda_chunk_intra
-// One workgroup array `sh` (18 KiB), reused by phase. On the H200 (Vulkan) the declared size
+// One workgroup array `sh` (24 KiB), reused by phase. On the H200 (Vulkan) the declared size
 // sets how many workgroups share an SM: an earlier form took 3.53 ms at T = 8192 x 96 heads
 // with 14 or 16 KiB, 4.44 ms padded to 20 KiB and 4.35 ms padded to 32 KiB; staging phase 4's
 // row blocks two at a time (14 -> 18 KiB, 100 -> 128 registers: two workgroups per SM either
-// way) took it 2.67 -> 2.62 ms. The phases:
-//   phase 1: one staged 8-channel slice (2 channel quads), 768 vec4, layout below;
+// way) took it 2.67 -> 2.62 ms, and phase 1's 16-channel slices (18 -> 24 KiB, half the
+// barriers, every thread staging) 2.62 -> 2.57 ms. The phases:
+//   phase 1: one staged 16-channel slice (NQ = 4 channel quads), 1536 vec4, layout below;
 //   phases 2-3: A = diag(beta) A_kk, then M = (I + A)^-1 in place, as the ten lower 16x16
 //     blocks packed (block (a, b), b <= a, row-major at scalar pb(a, b)): 640 vec4; the
 //     inverse's block products T [3, 16, 16] after them (SH_T, 192 vec4);
 //   phase 4: M (packed) and two staged 16-row blocks of the right-hand side (SH_B, SH_B2,
 //     256 vec4 each).
-// Phase 1 staging: per operand [2 channel quads, rows] of vec4 (quad-major, so a row's 4
+// Phase 1 staging: per operand [NQ channel quads, rows] of vec4 (quad-major, so a row's 4
 // channels are one vec4 load and consecutive rows are consecutive vec4s). With DIAG_REF the
 // first three hold k_j e^(Gamma_n(j) - Gamma_j) (all rows) and rows 0..15's k and q times
 // e^(Gamma_r - Gamma_0) (P_LK and P_LQ's block 0) instead.
-const KS: u32 = 8u;          // channels per staged slice (2 quads)
-const P_TK: u32 = 0u;        // [2, 64] k
-const P_TQ: u32 = 128u;      // [2, 64] q
-const P_TG: u32 = 256u;      // [2, 64] Gamma
-const P_LK: u32 = 384u;      // [2, 48] rows 16..63: k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
-const P_LQ: u32 = 480u;      // [2, 48] rows 16..63: q_r e^(Gamma_r - Gamma_n(r))
-const P_RK: u32 = 576u;      // for n = 16 a, a = 1, 2, 3: [2, n] k_j e^(Gamma_n - Gamma_j), j < n, at P_RK + 16 a (a - 1)
+const KS: u32 = 16u;         // channels per staged slice
+const NQ: u32 = KS / 4u;     // channel quads per staged slice
+const P_TK: u32 = 0u;        // [NQ, 64] k
+const P_TQ: u32 = 64u * NQ;  // [NQ, 64] q
+const P_TG: u32 = 128u * NQ; // [NQ, 64] Gamma
+const P_LK: u32 = 192u * NQ; // [NQ, 48] rows 16..63: k_r e^(Gamma_r - Gamma_n(r)), n(r) = first row of r's sub-chunk
+const P_LQ: u32 = 240u * NQ; // [NQ, 48] rows 16..63: q_r e^(Gamma_r - Gamma_n(r))
+const P_RK: u32 = 288u * NQ; // for n = 16 a, a = 1, 2, 3: [NQ, n] k_j e^(Gamma_n - Gamma_j), j < n, at P_RK + 8 NQ a (a - 1)
 const SH_T: u32 = 640u;      // T of the inverse [3, 16, 16] (vec4 index)
 const SH_B: u32 = 640u;      // phase 4's staged right-hand side blocks [16 rows, 16 column quads]
 const SH_B2: u32 = 896u;
-var<workgroup> sh: array<vec4<f32>, 1152>;
+var<workgroup> sh: array<vec4<f32>, max(384u * NQ, 1152u)>;
 
 fn s_get(e: u32) -> f32 {
     return sh[e >> 2u][e & 3u];
@@ -219,9 +221,9 @@ fn gam4(at: u32) -> vec4<f32> {
 
 fn p1_fetch(c0: u32, t0: u32, nv: u32, hk: u32, h: u32, lid: u32) -> P1Raw {
     var x: P1Raw;
-    let r = lid / 2u;
-    if (lid < C * KS / 4u && c0 < p.dk && r < nv) {
-        let ch = h * p.dk + c0 + 4u * (lid % 2u);
+    let r = lid / NQ;
+    if (lid < C * NQ && c0 < p.dk && r < nv) {
+        let ch = h * p.dk + c0 + 4u * (lid % NQ);
         let at = (t0 + r) * hk + ch;
         x.k = k4[at / 4u];
         x.q = q4[at / 4u];
@@ -343,10 +345,10 @@ fn kda_chunk_intra(
     var o32 = vec2<f32>(0.0);
     var raw = p1_fetch(0u, t0, nv, hk, h, lid);
     for (var c0 = 0u; c0 < p.dk; c0 += KS) {
-        if (lid < C * KS / 4u) {
+        if (lid < C * NQ) {
             // One (row, channel quad) per thread, from the loads issued a slice earlier.
-            let r = lid / 2u;
-            let cq = lid % 2u;
+            let r = lid / NQ;
+            let cq = lid % NQ;
             let kx = raw.k;
             let qx = raw.q;
             let gx = raw.g;
@@ -372,15 +374,15 @@ fn kda_chunk_intra(
                 sh[P_RK + cq * SUB + r] = select(vec4<f32>(0.0), kx * exp(raw.g1 - gx), SUB < nv);
             }
             if (r < 2u * SUB) {
-                sh[P_RK + 32u + cq * 2u * SUB + r] = select(vec4<f32>(0.0), kx * exp(raw.g2 - gx), 2u * SUB < nv);
+                sh[P_RK + NQ * SUB + cq * 2u * SUB + r] = select(vec4<f32>(0.0), kx * exp(raw.g2 - gx), 2u * SUB < nv);
             }
             if (r < 3u * SUB) {
-                sh[P_RK + 96u + cq * 3u * SUB + r] = select(vec4<f32>(0.0), kx * exp(raw.g3 - gx), 3u * SUB < nv);
+                sh[P_RK + 3u * NQ * SUB + cq * 3u * SUB + r] = select(vec4<f32>(0.0), kx * exp(raw.g3 - gx), 3u * SUB < nv);
             }
         }
         workgroupBarrier();
         raw = p1_fetch(c0 + KS, t0, nv, hk, h, lid);
-        for (var cq = 0u; cq < KS / 4u; cq++) {
+        for (var cq = 0u; cq < NQ; cq++) {
             let base = cq * 64u;
             let lb = cq * 48u + i;
             let lk1 = sh[P_LK + lb];
@@ -402,8 +404,8 @@ fn kda_chunk_intra(
                 d3 += diag_pair(base, 3u * SUB + i, 3u * SUB + j);
             }
             let r1 = P_RK + cq * SUB + j;
-            let r2 = P_RK + 32u + cq * 2u * SUB + j;
-            let r3 = P_RK + 96u + cq * 3u * SUB + j;
+            let r2 = P_RK + NQ * SUB + cq * 2u * SUB + j;
+            let r3 = P_RK + 3u * NQ * SUB + cq * 3u * SUB + j;
             o10 += off_pair(lk1, lq1, r1);
             o20 += off_pair(lk2, lq2, r2);
             o21 += off_pair(lk2, lq2, r2 + SUB);
