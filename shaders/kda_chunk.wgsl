@@ -146,7 +146,7 @@ const P_RK: u32 = 288u * NQ; // for n = 16 a, a = 1, 2, 3: [NQ, n] k_j e^(Gamma_
 const SH_T: u32 = 640u;      // T of the inverse [3, 16, 16] (vec4 index)
 const SH_B: u32 = 640u;      // phase 4's staged right-hand side blocks [16 rows, 16 column quads]
 const SH_B2: u32 = 896u;
-var<workgroup> sh: array<vec4<f32>, max(384u * NQ, 1152u)>;
+var<workgroup> sh: array<vec4<f32>, max(384u * NQ, SH_B2 + 256u)>;  // phase 1 staging or phases 2-4
 
 fn s_get(e: u32) -> f32 {
     return sh[e >> 2u][e & 3u];
