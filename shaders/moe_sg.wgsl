@@ -55,18 +55,8 @@ fn word_pairs(w: u32) -> vec4<u32> {
         ((w >> 3u) & m) | (w & s));
 }
 
-fn word_dot(w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
-    let p = word_pairs(w);
-    return dot(vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y)), a) + dot(vec4<f32>(unpack2x16float(p.z), unpack2x16float(p.w)), b);
-}
-
-// One MXFP4 group (4 words) times its activations, before the scale.
-fn group_dot2(q: vec4<u32>, xg: Xg) -> f32 {
-    return word_dot(q.x, xg.a[0], xg.b[0]) + word_dot(q.y, xg.a[1], xg.b[1]) + word_dot(q.z, xg.a[2], xg.b[2]) + word_dot(q.w, xg.a[3], xg.b[3]);
-}
-
-// acc plus the word's 8 products, one fma each (word_dot's sums of dots cost ~1.5 float
-// instructions per weight on the H200, this 1).
+// acc plus the word's 8 products, one fma each (two dots per word and their sums cost ~1.5
+// float instructions per weight on the H200, this 1).
 fn word_acc(acc: f32, w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     let p = word_pairs(w);
     let u0 = unpack2x16float(p.x);
@@ -83,8 +73,9 @@ fn word_acc(acc: f32, w: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
     return fma(u3.y, b.w, r);
 }
 
-// group_dot2 as one chain of 32 fmas: stage 1 of sgt 107.5 -> 99.6 us on the H200 (16
-// experts of 3584 x 3072); stage 2 went 58.4 -> 75.3 us with it, so it keeps group_dot2.
+// One MXFP4 group (4 words) times its activations, before the scale, as one chain of 32
+// fmas: stage 1 of sgt 107.5 -> 99.6 us on the H200 (16 experts of 3584 x 3072) against two
+// dots per word; stage 2 gained only once its items shrank to 4 rows (60 registers).
 fn group_fma(q: vec4<u32>, xg: Xg) -> f32 {
     return word_acc(word_acc(word_acc(word_acc(0.0, q.x, xg.a[0], xg.b[0]), q.y, xg.a[1], xg.b[1]), q.z, xg.a[2], xg.b[2]), q.w, xg.a[3], xg.b[3]);
 }
@@ -104,10 +95,13 @@ fn group_fma(q: vec4<u32>, xg: Xg) -> f32 {
 const MAX_XT: u32 = 1024u;
 var<workgroup> zt: array<vec4<f32>, MAX_XT>;
 override STAGE_Z: bool = true;
-// Rows per workgroup (a multiple of 8: whole subgroup passes in stage 1, items in stage 2).
+// Rows per workgroup: in stage 1 a multiple of 8 (whole team passes), in stage 2 of 4 (items).
 override RPW2: u32 = 32u;
 // Stage 2 partial sums [expert j][row of the workgroup]; top_k * RPW2 <= 2048.
 var<workgroup> down_part: array<f32, 2048>;
+// Workgroup sizes of stage 1 (>= 64: zz below holds MAX_XT / 64 vec4) and stage 2 (>= RPW2).
+override WG1: u32 = 256u;
+override WG2: u32 = 256u;
 
 // Group g's activations from the staged z (G groups per vector).
 fn zt_group(g: u32, n_groups: u32) -> Xg {
@@ -124,10 +118,29 @@ fn transposed_index(r: u32, n_groups: u32) -> u32 {
     return ((((r & 31u) >> 2u) * n_groups + (r >> 5u)) << 2u) | (r & 3u);
 }
 
+// Lanes per row in stage 1: the whole subgroup, or half of it when the row's groups fill
+// halves better (K3.1's 112 groups: 32 lanes idle an eighth of their steps, 16 none).
+fn lanes_per_row(groups: u32, sgs: u32) -> u32 {
+    let half = sgs / 2u;
+    let waste_whole = (groups + sgs - 1u) / sgs * sgs - groups;
+    let waste_half = (groups + half - 1u) / half * half - groups;
+    return select(sgs, half, half >= 4u && waste_half < waste_whole);
+}
+
+// Sum over the lpr lanes of a team (aligned runs of lpr lanes, lpr a power of two).
+fn team_sum(v: f32, lpr: u32) -> f32 {
+    var s = v;
+    for (var o = lpr / 2u; o > 0u; o /= 2u) {
+        s += subgroupShuffleXor(s, o);
+    }
+    return s;
+}
+
 // Stage 1: grid (ceil(n_mid / RPW2), tokens * top_k); h[pair] = act(w1 z, w3 z), transposed.
-// Each subgroup pass covers 4 rows of w1 and of w3 with one activation group per lane step
-// (named registers: arrays indexed in loops made the NVIDIA compile fragile).
-@compute @workgroup_size(256)
+// Each team of lanes (the subgroup or half of it, lanes_per_row) covers 4 rows of w1 and of w3
+// per pass with one activation group per lane step (named registers: arrays indexed in loops
+// made the NVIDIA compile fragile).
+@compute @workgroup_size(WG1)
 fn expert_up_sgt(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
@@ -145,15 +158,15 @@ fn expert_up_sgt(
     if (STAGE_Z) {
         // Every load issued before the first store (a strided load-store loop waited for each
         // load in turn: ~1.5 us of the H200's 109 us).
-        var zz: array<vec4<f32>, MAX_XT / 256u>;
-        for (var j = 0u; j < MAX_XT / 256u; j++) {
-            let i = lid + j * 256u;
+        var zz: array<vec4<f32>, MAX_XT / 64u>; // MAX_XT / WG1 of it used
+        for (var j = 0u; j < (MAX_XT + WG1 - 1u) / WG1; j++) {
+            let i = lid + j * WG1;
             if (i < p.n_in / 4u) {
                 zz[j] = x[xb + i];
             }
         }
-        for (var j = 0u; j < MAX_XT / 256u; j++) {
-            let i = lid + j * 256u;
+        for (var j = 0u; j < (MAX_XT + WG1 - 1u) / WG1; j++) {
+            let i = lid + j * WG1;
             if (i < p.n_in / 4u) {
                 zt[(i & 7u) * groups + (i >> 3u)] = zz[j];
             }
@@ -162,11 +175,15 @@ fn expert_up_sgt(
     workgroupBarrier();
     let base = slot_base(idx[pair]);
     let mid_groups = p.n_mid / 32u;
-    for (var r0 = sg * 4u; r0 < RPW2; r0 += nsg * 4u) {
-        let row0 = wg.x * RPW2 + r0;
-        if (row0 >= p.n_mid) {
+    let lpr = lanes_per_row(groups, sgs);
+    let team = lane / lpr;
+    let tl = lane % lpr;
+    let pass_rows = 4u * (sgs / lpr);
+    for (var p0 = sg * pass_rows; p0 < RPW2; p0 += nsg * pass_rows) {
+        if (wg.x * RPW2 + p0 >= p.n_mid) {
             break;
         }
+        let row0 = wg.x * RPW2 + p0 + team * 4u;
         let ro0 = min(row0 + 0u, p.n_mid - 1u) * groups;
         var ga0 = 0.0;
         var ua0 = 0.0;
@@ -179,7 +196,7 @@ fn expert_up_sgt(
         let ro3 = min(row0 + 3u, p.n_mid - 1u) * groups;
         var ga3 = 0.0;
         var ua3 = 0.0;
-        for (var g = lane; g < groups; g += sgs) {
+        for (var g = tl; g < groups; g += lpr) {
             let q1_0 = pool[base + p.off_w1 + ro0 + g];
             let q3_0 = pool[base + p.off_w3 + ro0 + g];
             let q1_1 = pool[base + p.off_w1 + ro1 + g];
@@ -203,33 +220,34 @@ fn expert_up_sgt(
             ga3 += scale14(base, p.off_s1 + ro3 + g) * group_fma(q1_3, xg);
             ua3 += scale14(base, p.off_s3 + ro3 + g) * group_fma(q3_3, xg);
         }
-        let gs0 = subgroupAdd(ga0);
-        let us0 = subgroupAdd(ua0);
-        if (lane == 0u && row0 + 0u < p.n_mid) {
-            out[pair * p.n_mid + transposed_index(row0 + 0u, mid_groups)] = glu(gs0, us0);
-        }
-        let gs1 = subgroupAdd(ga1);
-        let us1 = subgroupAdd(ua1);
-        if (lane == 0u && row0 + 1u < p.n_mid) {
-            out[pair * p.n_mid + transposed_index(row0 + 1u, mid_groups)] = glu(gs1, us1);
-        }
-        let gs2 = subgroupAdd(ga2);
-        let us2 = subgroupAdd(ua2);
-        if (lane == 0u && row0 + 2u < p.n_mid) {
-            out[pair * p.n_mid + transposed_index(row0 + 2u, mid_groups)] = glu(gs2, us2);
-        }
-        let gs3 = subgroupAdd(ga3);
-        let us3 = subgroupAdd(ua3);
-        if (lane == 0u && row0 + 3u < p.n_mid) {
-            out[pair * p.n_mid + transposed_index(row0 + 3u, mid_groups)] = glu(gs3, us3);
+        let h0 = glu(team_sum(ga0, lpr), team_sum(ua0, lpr));
+        let h1 = glu(team_sum(ga1, lpr), team_sum(ua1, lpr));
+        let h2 = glu(team_sum(ga2, lpr), team_sum(ua2, lpr));
+        let h3 = glu(team_sum(ga3, lpr), team_sum(ua3, lpr));
+        if (tl == 0u) {
+            let o = pair * p.n_mid;
+            if (row0 + 0u < p.n_mid) {
+                out[o + transposed_index(row0 + 0u, mid_groups)] = h0;
+            }
+            if (row0 + 1u < p.n_mid) {
+                out[o + transposed_index(row0 + 1u, mid_groups)] = h1;
+            }
+            if (row0 + 2u < p.n_mid) {
+                out[o + transposed_index(row0 + 2u, mid_groups)] = h2;
+            }
+            if (row0 + 3u < p.n_mid) {
+                out[o + transposed_index(row0 + 3u, mid_groups)] = h3;
+            }
         }
     }
 }
 
-// Stage 2 as expert_down_sg2 (experts spread over subgroups, fixed-order combine), 8 rows per
-// work item, h (bound as x) read transposed. Grid (ceil(n_in / RPW2), tokens);
-// RPW2 is a multiple of 8 and top_k * RPW2 <= 2048 (host-checked).
-@compute @workgroup_size(256)
+// Stage 2 as expert_down_sg2 (experts spread over subgroups, fixed-order combine), 4 rows per
+// work item with fma chains (8 rows with dots: 59.0 us on the H200 for 16 experts of 3584 x
+// 3072; 4 with chains 57.0, and 52.3 with one item per subgroup in workgroups of 512), h
+// (bound as x) read transposed. Grid (ceil(n_in / RPW2), tokens); RPW2 is a multiple of 4 and
+// top_k * RPW2 <= 2048 (host-checked).
+@compute @workgroup_size(WG2)
 fn expert_down_sgt(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
@@ -243,10 +261,10 @@ fn expert_down_sgt(
         return;
     }
     let groups = p.n_mid / 32u;
-    let blocks = RPW2 / 8u;
+    let blocks = RPW2 / 4u;
     for (var item = sg; item < p.top_k * blocks; item += nsg) {
         let j = item / blocks;
-        let r0 = (item % blocks) * 8u;
+        let r0 = (item % blocks) * 4u;
         let row0 = wg.x * RPW2 + r0;
         let pair = t * p.top_k + j;
         let base = slot_base(idx[pair]);
@@ -259,50 +277,26 @@ fn expert_down_sgt(
         var a2 = 0.0;
         let ro3 = min(row0 + 3u, p.n_in - 1u) * groups;
         var a3 = 0.0;
-        let ro4 = min(row0 + 4u, p.n_in - 1u) * groups;
-        var a4 = 0.0;
-        let ro5 = min(row0 + 5u, p.n_in - 1u) * groups;
-        var a5 = 0.0;
-        let ro6 = min(row0 + 6u, p.n_in - 1u) * groups;
-        var a6 = 0.0;
-        let ro7 = min(row0 + 7u, p.n_in - 1u) * groups;
-        var a7 = 0.0;
         for (var g = lane; g < groups; g += sgs) {
             let q0 = pool[base + p.off_w2 + ro0 + g];
             let q1 = pool[base + p.off_w2 + ro1 + g];
             let q2 = pool[base + p.off_w2 + ro2 + g];
             let q3 = pool[base + p.off_w2 + ro3 + g];
-            let q4 = pool[base + p.off_w2 + ro4 + g];
-            let q5 = pool[base + p.off_w2 + ro5 + g];
-            let q6 = pool[base + p.off_w2 + ro6 + g];
-            let q7 = pool[base + p.off_w2 + ro7 + g];
             let xg = xt_group(xb, g, groups);
-            a0 += scale14(base, p.off_s2 + ro0 + g) * group_dot2(q0, xg);
-            a1 += scale14(base, p.off_s2 + ro1 + g) * group_dot2(q1, xg);
-            a2 += scale14(base, p.off_s2 + ro2 + g) * group_dot2(q2, xg);
-            a3 += scale14(base, p.off_s2 + ro3 + g) * group_dot2(q3, xg);
-            a4 += scale14(base, p.off_s2 + ro4 + g) * group_dot2(q4, xg);
-            a5 += scale14(base, p.off_s2 + ro5 + g) * group_dot2(q5, xg);
-            a6 += scale14(base, p.off_s2 + ro6 + g) * group_dot2(q6, xg);
-            a7 += scale14(base, p.off_s2 + ro7 + g) * group_dot2(q7, xg);
+            a0 += scale14(base, p.off_s2 + ro0 + g) * group_fma(q0, xg);
+            a1 += scale14(base, p.off_s2 + ro1 + g) * group_fma(q1, xg);
+            a2 += scale14(base, p.off_s2 + ro2 + g) * group_fma(q2, xg);
+            a3 += scale14(base, p.off_s2 + ro3 + g) * group_fma(q3, xg);
         }
         let t0 = subgroupAdd(a0);
         let t1 = subgroupAdd(a1);
         let t2 = subgroupAdd(a2);
         let t3 = subgroupAdd(a3);
-        let t4 = subgroupAdd(a4);
-        let t5 = subgroupAdd(a5);
-        let t6 = subgroupAdd(a6);
-        let t7 = subgroupAdd(a7);
         if (lane == 0u) {
             down_part[j * RPW2 + r0 + 0u] = t0;
             down_part[j * RPW2 + r0 + 1u] = t1;
             down_part[j * RPW2 + r0 + 2u] = t2;
             down_part[j * RPW2 + r0 + 3u] = t3;
-            down_part[j * RPW2 + r0 + 4u] = t4;
-            down_part[j * RPW2 + r0 + 5u] = t5;
-            down_part[j * RPW2 + r0 + 6u] = t6;
-            down_part[j * RPW2 + r0 + 7u] = t7;
         }
     }
     workgroupBarrier();

@@ -31,16 +31,24 @@ pub const EXPERT_DOWN_MXFP4_R1: Kernel = Kernel::new("expert_down_mxfp4_r1", "mo
 pub const EXPERT_DOWN_MXFP4_R4: Kernel = Kernel::new("expert_down_mxfp4_r4", "moe", "expert_down").with_constants(MX_R4);
 pub const EXPERT_DOWN_BF16: Kernel = Kernel::new("expert_down_bf16", "moe", "expert_down").with_constants(BF);
 /// Subgroup decode kernels reading activations group-transposed (moe_sg.wgsl): 4 + 4 rows per
-/// subgroup pass, 32 rows per workgroup in stage 1; 8 rows x all experts in stage 2.
-pub const EXPERT_UP_MXFP4_SGT: Kernel =
-    Kernel::new("expert_up_mxfp4_sgt", "moe_sg", "expert_up_sgt").with_constants(&[("RPW2", 32.0)]).subgroups().unchecked();
-/// Stage 1 for experts wider than its workgroup array: z read in place (scattered).
-pub const EXPERT_UP_MXFP4_SGT_WIDE: Kernel = Kernel::new("expert_up_mxfp4_sgt_wide", "moe_sg", "expert_up_sgt")
-    .with_constants(&[("RPW2", 32.0), ("STAGE_Z", 0.0)])
+/// team pass, 96 rows per workgroup of 384 in stage 1 (one pass per subgroup when
+/// half-subgroup teams cover 8 rows); 4 rows x all experts per workgroup of 512 in stage 2
+/// (one item per subgroup). Sizes measured on the H200 (docs/perf.md).
+pub const EXPERT_UP_MXFP4_SGT: Kernel = Kernel::new("expert_up_mxfp4_sgt", "moe_sg", "expert_up_sgt")
+    .with_constants(&[("RPW2", 96.0), ("WG1", 384.0)])
     .subgroups()
     .unchecked();
-pub const EXPERT_DOWN_MXFP4_SGT: Kernel =
-    Kernel::new("expert_down_mxfp4_sgt", "moe_sg", "expert_down_sgt").with_constants(&[("RPW2", 8.0)]).subgroups().unchecked();
+/// Stage 1 for experts wider than its workgroup array: z read in place (scattered).
+pub const EXPERT_UP_MXFP4_SGT_WIDE: Kernel = Kernel::new("expert_up_mxfp4_sgt_wide", "moe_sg", "expert_up_sgt")
+    .with_constants(&[("RPW2", 64.0), ("STAGE_Z", 0.0)])
+    .subgroups()
+    .unchecked();
+pub const EXPERT_DOWN_MXFP4_SGT: Kernel = Kernel::new("expert_down_mxfp4_sgt", "moe_sg", "expert_down_sgt")
+    .with_constants(&[("RPW2", 4.0), ("WG2", 512.0)])
+    .subgroups()
+    .unchecked();
+/// The largest workgroup of the `sgt` kernels (stage 2's WG2).
+const SGT_MAX_THREADS: u32 = 512;
 /// Stage 1 of `sgt` stages z in a workgroup array of this many floats (moe_sg.wgsl MAX_XT * 4).
 const SGT_MAX_IN: usize = 4096;
 pub const MOE_GROUP: Kernel = Kernel::new("moe_group", "moe", "moe_group");
@@ -158,10 +166,10 @@ pub const DECODE_R4: DecodeKernels =
 /// Subgroup kernels with the paired-f16 nibble decode, activations read group-transposed
 /// (coalesced across lanes) and experts spread over subgroups in stage 2.
 pub const DECODE_SGT: DecodeKernels =
-    DecodeKernels { name: "sgt", up: EXPERT_UP_MXFP4_SGT, down: EXPERT_DOWN_MXFP4_SGT, up_rows: 32, down_rows: 8 };
+    DecodeKernels { name: "sgt", up: EXPERT_UP_MXFP4_SGT, down: EXPERT_DOWN_MXFP4_SGT, up_rows: 96, down_rows: 4 };
 /// [`DECODE_SGT`] for any expert width (stage 1 reads z in place).
 pub const DECODE_SGT_WIDE: DecodeKernels =
-    DecodeKernels { name: "sgt wide", up: EXPERT_UP_MXFP4_SGT_WIDE, down: EXPERT_DOWN_MXFP4_SGT, up_rows: 32, down_rows: 8 };
+    DecodeKernels { name: "sgt wide", up: EXPERT_UP_MXFP4_SGT_WIDE, down: EXPERT_DOWN_MXFP4_SGT, up_rows: 64, down_rows: 4 };
 /// Every MXFP4 decode variant, for tests and benches.
 pub const DECODE_VARIANTS: &[DecodeKernels] =
     &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SGT, DECODE_SGT_WIDE];
@@ -180,7 +188,7 @@ pub fn decode_default(gpu: &Gpu, layout: &SlotLayout) -> DecodeKernels {
     }
     if decode_supported(gpu, layout, &DECODE_SGT) {
         DECODE_SGT
-    } else if gpu.caps.subgroups {
+    } else if decode_supported(gpu, layout, &DECODE_SGT_WIDE) {
         DECODE_SGT_WIDE
     } else {
         DECODE_SHARED
@@ -189,7 +197,9 @@ pub fn decode_default(gpu: &Gpu, layout: &SlotLayout) -> DecodeKernels {
 
 /// Whether the adapter can run `k` on experts of this layout.
 pub fn decode_supported(gpu: &Gpu, layout: &SlotLayout, k: &DecodeKernels) -> bool {
-    (!k.up.needs_subgroups || gpu.caps.subgroups) && (k.up.name != EXPERT_UP_MXFP4_SGT.name || layout.n_in <= SGT_MAX_IN)
+    // The subgroup kernels run workgroups of up to SGT_MAX_THREADS.
+    (!k.up.needs_subgroups || (gpu.caps.subgroups && gpu.caps.max_invocations >= SGT_MAX_THREADS))
+        && (k.up.name != EXPERT_UP_MXFP4_SGT.name || layout.n_in <= SGT_MAX_IN)
 }
 
 /// Per-call shape and activation of a routed-expert run.
