@@ -6,6 +6,8 @@
 
 override RS: u32 = 2u;
 override RPW: u32 = 16u;
+// Workgroup size.
+override WGM: u32 = 256u;
 const MAX_RS: u32 = 4u;
 
 #include "lib/bf16_unit.wgsl"
@@ -50,7 +52,7 @@ fn store3(i: u32, v: f32) {
 #include "lib/gemv_multi_rows.wgsl" MW=mw2 STORE=store2 entry_rows=entry_rows2
 #include "lib/gemv_multi_rows.wgsl" MW=mw3 STORE=store3 entry_rows=entry_rows3
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WGM)
 fn gemv_bf16_sg_multi(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,

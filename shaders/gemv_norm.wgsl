@@ -34,7 +34,9 @@ override RS: u32 = 2u;
 override RPW: u32 = 16u;
 const MAX_RS: u32 = 4u;
 const MAX_XV: u32 = 1024u;
-const XPT: u32 = MAX_XV / 256u; // x vec4 per thread in the prologue
+// Workgroup size (>= 256).
+override WGN: u32 = 256u;
+const XPT: u32 = MAX_XV / 256u; // x vec4 per thread in the prologue, at most
 
 var<workgroup> xs: array<vec4<f32>, MAX_XV>;
 var<workgroup> sg_sums: array<f32, 256>;
@@ -54,7 +56,7 @@ fn add_y(i: u32, v: f32) {
 #include "lib/gemv_multi_rows.wgsl" MW=w4 STORE=store_y mx4=xs mp=p entry_rows=normed_rows
 #include "lib/gemv_multi_rows.wgsl" MW=w4b STORE=add_y mx4=x4b mp=pb entry_rows=second_rows
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(WGN)
 fn gemv_bf16_sg_normed(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -69,14 +71,15 @@ fn gemv_bf16_sg_normed(
     let nv = p.cols / 4u;
     var xv: array<vec4<f32>, XPT>;
     var gw: array<vec2<u32>, XPT>;
-    for (var j = 0u; j < XPT; j++) {
-        let i = min(lid + 256u * j, nv - 1u);
+    let steps = (MAX_XV + WGN - 1u) / WGN;
+    for (var j = 0u; j < steps; j++) {
+        let i = min(lid + WGN * j, nv - 1u);
         xv[j] = x4[i];
         gw[j] = gamma[i];
     }
     var ss = 0.0;
-    for (var j = 0u; j < XPT; j++) {
-        ss += select(0.0, dot(xv[j], xv[j]), lid + 256u * j < nv);
+    for (var j = 0u; j < steps; j++) {
+        ss += select(0.0, dot(xv[j], xv[j]), lid + WGN * j < nv);
     }
     ss = subgroupAdd(ss);
     if (lane == 0u) {
@@ -88,11 +91,11 @@ fn gemv_bf16_sg_normed(
         total += sg_sums[s];
     }
     let inv = inverseSqrt(total / f32(p.cols) + p.eps);
-    for (var j = 0u; j < XPT; j++) {
+    for (var j = 0u; j < steps; j++) {
         let g = gw[j];
         let gv = vec4<f32>(bitcast<f32>(g.x << 16u), bitcast<f32>(g.x & 0xffff0000u), bitcast<f32>(g.y << 16u), bitcast<f32>(g.y & 0xffff0000u));
-        if (lid + 256u * j < nv) {
-            xs[lid + 256u * j] = xv[j] * inv * gv;
+        if (lid + WGN * j < nv) {
+            xs[lid + WGN * j] = xv[j] * inv * gv;
         }
     }
     workgroupBarrier();

@@ -43,16 +43,21 @@ pub const GEMV_BF16_SG_RS4: Kernel = sg("gemv_bf16_sg_rs4", &[("RS", 4.0), ("RPW
 pub const GEMV_BF16_SG_CS2: Kernel = sg("gemv_bf16_sg_cs2", &[("RS", 2.0), ("RPW", 8.0), ("CS", 2.0)]);
 pub const GEMV_BF16_SG_CS4: Kernel = sg("gemv_bf16_sg_cs4", &[("RS", 2.0), ("RPW", 4.0), ("CS", 4.0)]);
 pub const GEMV_BF16_SG: Kernel = GEMV_BF16_SG_CS2;
-/// Up to four matrices sharing x in one dispatch (gemv_multi.wgsl), 16 rows per workgroup
-/// (two column parts as in GEMV_BF16_SG measured no faster in the model).
+/// Up to four matrices sharing x in one dispatch (gemv_multi.wgsl), 32 rows per workgroup of
+/// 512 (the H200 ran the model's multi passes ~8 % faster than with 16 rows per 256; two
+/// column parts as in GEMV_BF16_SG measured no faster in the model).
 pub const GEMV_BF16_MULTI: Kernel = Kernel::new("gemv_bf16_multi", "gemv_multi", "gemv_bf16_sg_multi")
-    .with_constants(&[("RS", 2.0), ("RPW", 16.0)])
+    .with_constants(&[("RS", 2.0), ("RPW", MULTI_RPW as f64), ("WGM", MULTI_THREADS as f64)])
     .subgroups()
     .unchecked();
-const MULTI_RPW: usize = 16;
-/// An RMS-normed input's GEMV (gemv_norm.wgsl): the norm and the product in one dispatch.
+/// Rows and threads per workgroup of the multi and normed GEMVs.
+const MULTI_RPW: usize = 32;
+const MULTI_THREADS: u32 = 512;
+/// An RMS-normed input's GEMV (gemv_norm.wgsl): the norm and the product in one dispatch;
+/// workgroups as GEMV_BF16_MULTI's (each normalises x itself: 16 rows per 256 threads were
+/// ~12 % slower on the H200).
 pub const GEMV_BF16_NORMED: Kernel = Kernel::new("gemv_bf16_normed", "gemv_norm", "gemv_bf16_sg_normed")
-    .with_constants(&[("RS", 2.0), ("RPW", 16.0)])
+    .with_constants(&[("RS", 2.0), ("RPW", MULTI_RPW as f64), ("WGN", MULTI_THREADS as f64)])
     .subgroups()
     .unchecked();
 /// Widest input the normed GEMV stages in workgroup memory (MAX_XV vec4 in the shader).
@@ -155,6 +160,7 @@ pub fn gemv_many(
 ) -> Result<(), GpuError> {
     let cols = pairs.first().map_or(0, |(w, _)| w.shape.get(1).copied().unwrap_or(0));
     let fits = gpu.caps.subgroups
+        && gpu.caps.max_invocations >= MULTI_THREADS
         && gpu.caps.max_storage_buffers >= 9
         && cols.is_multiple_of(8)
         && pairs.iter().all(|(w, _)| w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] == cols);
@@ -200,7 +206,12 @@ pub fn gemv_many(
 
 /// Whether [`gemv_normed`] runs here for W (bf16, cols % 8 == 0 and at most 4096).
 pub fn normed_fits(gpu: &Gpu, w: &GpuTensor) -> bool {
-    gpu.caps.subgroups && w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1].is_multiple_of(8) && w.shape[1] <= NORMED_MAX_COLS
+    gpu.caps.subgroups
+        && gpu.caps.max_invocations >= MULTI_THREADS
+        && w.dtype == DType::BF16
+        && w.shape.len() == 2
+        && w.shape[1].is_multiple_of(8)
+        && w.shape[1] <= NORMED_MAX_COLS
 }
 
 /// Whether W_b can be [`gemv_normed`]'s second product beside W: both one chunk, bf16, the same
@@ -234,7 +245,7 @@ pub fn gemv_normed(
 ) -> Result<(), GpuError> {
     if !normed_fits(gpu, w) {
         return Err(GpuError::Shape(format!(
-            "gemv_normed: {} ({} {:?}) needs bf16 with a multiple of 8 columns up to {NORMED_MAX_COLS} and subgroups",
+            "gemv_normed: {} ({} {:?}) needs bf16 with a multiple of 8 columns up to {NORMED_MAX_COLS}, subgroups and workgroups of {MULTI_THREADS}",
             w.label,
             w.dtype.name(),
             w.shape
