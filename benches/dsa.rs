@@ -12,7 +12,7 @@
 
 use k31_engine::bench::{copy_bandwidth, time_back_to_back, time_gpu, Row};
 use k31_engine::gpu::Profiler;
-use k31_engine::gpu::{Gpu, GpuTensor};
+use k31_engine::gpu::{Gpu, GpuTensor, Kernel};
 use k31_engine::layout::DType;
 use k31_engine::ops::dsa::{self, IndexVariant, MlaDims, PagedRows, TopkScratch};
 use k31_engine::reference::dsa as refdsa;
@@ -33,6 +33,53 @@ fn random(seed: u64, n: usize) -> Vec<f32> {
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
+}
+
+/// An indexer the bench times: a variant, or a bench-only kernel (run by `index_scores_kernel`).
+#[derive(Clone, Copy)]
+enum Indexer {
+    Variant(IndexVariant),
+    Kernel(Kernel),
+}
+
+impl Indexer {
+    fn is_simt(&self) -> bool {
+        matches!(self, Indexer::Variant(IndexVariant::Simt))
+    }
+}
+
+/// Records `ix` scoring `t` queries at positions q_pos0.. over `n` positions (row stride n).
+#[allow(clippy::too_many_arguments)]
+fn record_indexer(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    ix: Indexer,
+    keys: &PagedRows,
+    q: &wgpu::Buffer,
+    w: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    t: usize,
+    q_pos0: usize,
+    n: usize,
+    prof: Option<&mut Profiler>,
+) -> Result<(), k31_engine::gpu::GpuError> {
+    match ix {
+        Indexer::Variant(v) => dsa::index_scores_variant(gpu, enc, v, keys, IH, q, w, dst, t, q_pos0, n, n, prof),
+        Indexer::Kernel(k) => dsa::index_scores_kernel(gpu, enc, k, keys, IH, q, w, dst, t, q_pos0, n, n, prof),
+    }
+}
+
+/// The indexers checked against SIMT f32: the tiled ones everywhere, the coop ones where the
+/// adapter has them, with their labels.
+fn checked_indexers(gpu: &Gpu) -> Vec<(Indexer, &'static str)> {
+    let mut v = Vec::new();
+    if dsa::coop_indexer_available(gpu, IH, ID) {
+        v.push((Indexer::Variant(IndexVariant::Coop), "coop (exact: q scaled, hi+lo by masking)"));
+        v.push((Indexer::Variant(IndexVariant::CoopF16), "coop (q f16, the original kernel)"));
+    }
+    v.push((Indexer::Variant(IndexVariant::Tiled), "tiled f32 (4 positions x 4 heads per thread, 128-position tiles)"));
+    v.push((Indexer::Kernel(dsa::INDEX_SCORES_TILED_T64), "tiled f32, 64-position tiles"));
+    v
 }
 
 /// Compares a GPU top-k (sel read back) with the CPU reference on the same scores: "exact" or
@@ -215,25 +262,22 @@ fn main() -> anyhow::Result<()> {
             let k = TOPK.min(s);
             let key_bytes = (s * ID * 2) as f64;
             // Every indexer variant; the SIMT one last, so `scores` holds its output.
-            let mut variants = vec![];
-            if dsa::coop_indexer_available(&gpu, IH, ID) && !mla_only {
-                variants.push((IndexVariant::Coop, "coop (exact: q scaled, hi+lo by masking)"));
-                variants.push((IndexVariant::CoopF16, "coop (q f16, the original kernel)"));
-            } else {
+            let mut variants = if mla_only { vec![] } else { checked_indexers(&gpu) };
+            if !dsa::coop_indexer_available(&gpu, IH, ID) && !mla_only {
                 println!("  (no cooperative-matrix indexer on this adapter: coop rows skipped)");
             }
-            variants.push((IndexVariant::Simt, "SIMT f32"));
-            let outs: Vec<(IndexVariant, &str, wgpu::Buffer)> =
+            variants.push((Indexer::Variant(IndexVariant::Simt), "SIMT f32"));
+            let outs: Vec<(Indexer, &str, wgpu::Buffer)> =
                 variants.iter().map(|&(v, label)| (v, label, gpu.storage("scores of a variant", (s * 4) as u64))).collect();
             for (v, label, dst) in &outs {
-                let dst = if *v == IndexVariant::Simt { &scores } else { dst };
+                let dst = if v.is_simt() { &scores } else { dst };
                 if mla_only {
                     let mut enc = gpu.device.create_command_encoder(&Default::default());
-                    dsa::index_scores_variant(&gpu, &mut enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, None)?;
+                    record_indexer(&gpu, &mut enc, *v, &keys, &q, &w, dst, 1, s - 1, s, None)?;
                     gpu.queue.submit([enc.finish()]);
                     continue;
                 }
-                let t = time_gpu(&gpu, wu, reps, |enc, prof| dsa::index_scores_variant(&gpu, enc, *v, &keys, IH, &q, &w, dst, 1, s - 1, s, s, prof))?;
+                let t = time_gpu(&gpu, wu, reps, |enc, prof| record_indexer(&gpu, enc, *v, &keys, &q, &w, dst, 1, s - 1, s, prof))?;
                 out.push((format!("indexer {label}, S={s}"), t, key_bytes));
             }
             // The floor of the access pattern: the key reads alone, same bindings and paging.
@@ -244,7 +288,7 @@ fn main() -> anyhow::Result<()> {
                 })?;
                 out.push((format!("indexer key reads only (diagnostic probe), S={s}"), t, key_bytes));
             }
-            if dsa::coop_indexer_available(&gpu, IH, ID) && s <= 32768 && !mla_only {
+            if s <= 32768 && !mla_only {
                 indexer_checks(&gpu, s)?;
             }
             // Grid of the coop indexer (workgroups per query; the default is 528 = 4 per H200 SM).
@@ -274,7 +318,7 @@ fn main() -> anyhow::Result<()> {
             let scratch = TopkScratch::new(&gpu, 1, s, k)?;
             let sel = gpu.storage("sel", (k * 4) as u64);
             let sel_s = gpu.storage("sel scores", (k * 4) as u64);
-            for (_, label, dst) in outs.iter().filter(|o| o.0 != IndexVariant::Simt) {
+            for (_, label, dst) in outs.iter().filter(|o| !o.0.is_simt()) {
                 let mut enc = gpu.device.create_command_encoder(&Default::default());
                 dsa::topk(&gpu, &mut enc, &scratch, dst, s, 1, s - 1, s, &sel, &sel_s, None)?;
                 gpu.queue.submit([enc.finish()]);
@@ -514,14 +558,14 @@ fn save(json_out: Option<String>, gpu: &Gpu, copy: f64, rows: &[Row], torch_json
     Ok(())
 }
 
-/// Scores of `v` for `t` queries at positions q_pos0.. over `keys` (n_pos = row stride).
+/// Scores of `ix` for `t` queries at positions q_pos0.. over `keys` (n_pos = row stride).
 #[allow(clippy::too_many_arguments)]
-fn scores_of(gpu: &Gpu, v: IndexVariant, keys: &PagedRows, q: &[f32], w: &[f32], t: usize, q_pos0: usize, n: usize) -> anyhow::Result<Vec<f32>> {
+fn scores_of(gpu: &Gpu, ix: Indexer, keys: &PagedRows, q: &[f32], w: &[f32], t: usize, q_pos0: usize, n: usize) -> anyhow::Result<Vec<f32>> {
     let qb = gpu.storage_from("q", q);
     let wb = gpu.storage_from("w", w);
     let out = gpu.storage("scores", (t * n * 4) as u64);
     let mut enc = gpu.device.create_command_encoder(&Default::default());
-    dsa::index_scores_variant(gpu, &mut enc, v, keys, IH, &qb, &wb, &out, t, q_pos0, n, n, None)?;
+    record_indexer(gpu, &mut enc, ix, keys, &qb, &wb, &out, t, q_pos0, n, None)?;
     gpu.queue.submit([enc.finish()]);
     Ok(gpu.read(&out, t * n)?)
 }
@@ -544,9 +588,10 @@ fn diff_text(a: &[f32], b: &[f32], t: usize, q_pos0: usize) -> String {
     format!("max err / max |score| = {err:.2e}, {masks} mask mismatches, top-64 of {t} rows differ in {moved} positions")
 }
 
-/// The streaming coop indexer against SIMT f32 in the forms the scan rows do not cover: prefill
-/// (several queries, causal mask mid-row), pages not a multiple of its 32-position step, keys
-/// out of the exact f16 range (recomputed in f32), and q heads of very different magnitudes.
+/// The coop (where the adapter has it) and tiled indexers against SIMT f32 in the forms the scan
+/// rows do not cover: prefill (several queries, causal mask mid-row), pages not a multiple of
+/// the coop kernel's 32-position step, keys out of the exact f16 range (recomputed in f32 by
+/// coop), and q heads of very different magnitudes.
 fn indexer_checks(gpu: &Gpu, s: usize) -> anyhow::Result<()> {
     let t = 8;
     let q = random(21, t * IH * ID);
@@ -579,8 +624,8 @@ fn indexer_checks(gpu: &Gpu, s: usize) -> anyhow::Result<()> {
         let mut keys = PagedRows::new(gpu, "keys check", ID, page0, s)?;
         keys.upload(gpu, keys_v)?;
         // Prefill: queries at s/2 .. s/2 + 7 over all s positions (the rest masked).
-        let a = scores_of(gpu, IndexVariant::Simt, &keys, qx, wx, t, s / 2, s)?;
-        for (v, name) in [(IndexVariant::Coop, "coop"), (IndexVariant::CoopF16, "coop q f16")] {
+        let a = scores_of(gpu, Indexer::Variant(IndexVariant::Simt), &keys, qx, wx, t, s / 2, s)?;
+        for (v, name) in checked_indexers(gpu) {
             let b = scores_of(gpu, v, &keys, qx, wx, t, s / 2, s)?;
             report_check(format!("indexer {name} vs SIMT: prefill 8 queries, {label}, S={s}"), diff_text(&a, &b, t, s / 2));
         }

@@ -8,7 +8,7 @@ mod support;
 
 use k31_engine::checkpoint::{Checkpoint, TensorView};
 use k31_engine::config::{IndexerConfig, MlaConfig, ModelConfig};
-use k31_engine::gpu::{Gpu, GpuTensor};
+use k31_engine::gpu::{Gpu, GpuTensor, Kernel};
 use k31_engine::layers::global_attn::{summarize, ForwardOptions, GlobalAttn, GlobalCache};
 use k31_engine::layout::DType;
 use k31_engine::ops::dsa::{self, MlaDims, PagedRows, TopkScratch};
@@ -28,16 +28,59 @@ fn upload_rows(g: &Gpu, label: &str, data: &[f32], width: usize, page0: usize) -
     p
 }
 
-/// Indexer scores on the GPU: q [T, IH, ID], w raw [T, IH].
+/// An indexer a test runs: a variant, or a given kernel (the tiled bench variant).
+#[derive(Clone, Copy)]
+enum Indexer {
+    Variant(dsa::IndexVariant),
+    Kernel(Kernel),
+}
+
+impl Indexer {
+    fn label(&self) -> String {
+        match self {
+            Indexer::Variant(v) => format!("{v:?}"),
+            Indexer::Kernel(k) => k.name.to_string(),
+        }
+    }
+}
+
+/// Indexer scores [T, n_pos] on the GPU: q [T, IH, ID], w raw [T, IH].
 #[allow(clippy::too_many_arguments)]
-fn gpu_scores(g: &Gpu, keys: &PagedRows, heads: usize, q: &[f32], w: &[f32], t: usize, pos0: usize, n_pos: usize) -> Vec<f32> {
+fn gpu_scores(g: &Gpu, ix: Indexer, keys: &PagedRows, heads: usize, q: &[f32], w: &[f32], t: usize, pos0: usize, n_pos: usize) -> Vec<f32> {
     let qb = g.storage_from("q", q);
     let wb = g.storage_from("w", w);
     let sb = g.storage("scores", (t * n_pos * 4) as u64);
     let mut enc = g.device.create_command_encoder(&Default::default());
-    dsa::index_scores(g, &mut enc, keys, heads, &qb, &wb, &sb, t, pos0, n_pos, n_pos, None).expect("index_scores");
+    match ix {
+        Indexer::Variant(v) => dsa::index_scores_variant(g, &mut enc, v, keys, heads, &qb, &wb, &sb, t, pos0, n_pos, n_pos, None),
+        Indexer::Kernel(k) => dsa::index_scores_kernel(g, &mut enc, k, keys, heads, &qb, &wb, &sb, t, pos0, n_pos, n_pos, None),
+    }
+    .expect("index_scores");
     g.queue.submit([enc.finish()]);
     g.read(&sb, t * n_pos).expect("read scores")
+}
+
+/// GPU indexer scores [T, n_pos] against the f64 reference: each within 1e-5 of the largest
+/// score, the masked ones -inf, and each row's top-k equal as a set to the reference's.
+fn check_scores(what: &str, got: &[f32], want: &[f64], t: usize, q_pos0: usize, k: usize) {
+    let n_pos = want.len() / t;
+    let scale = want.iter().filter(|x| x.is_finite()).fold(0f64, |m, x| m.max(x.abs()));
+    for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
+        if b.is_finite() {
+            assert!((a as f64 - b).abs() <= 1e-5 * scale, "{what}: score {i}: {a} vs {b}");
+        } else {
+            assert_eq!(a, f32::NEG_INFINITY, "{what}: position {i} not masked");
+        }
+    }
+    for r in 0..t {
+        let row: Vec<f64> = got[r * n_pos..(r + 1) * n_pos].iter().map(|&x| x as f64).collect();
+        let valid = (q_pos0 + r + 1).min(n_pos);
+        let mut a = refdsa::topk(&row, valid, k);
+        let mut b = refdsa::topk(&want[r * n_pos..(r + 1) * n_pos], valid, k);
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "{what} row {r}: top-{k} differs from the reference");
+    }
 }
 
 /// Top-k on the GPU of `rows` rows of `row_len` (row r valid up to pos0 + r + 1).
@@ -124,46 +167,45 @@ fn indexer_scores_and_selection_match_goldens() {
         // The golden w already carries IH^-1/2 ID^-1/2, which the kernel applies.
         let w_raw: Vec<f32> = w.iter().map(|&v| v * ((ih * id) as f32).sqrt()).collect();
         let kp = upload_rows(&g, "keys", keys, id, 8);
-        let got = gpu_scores(&g, &kp, ih, q, &w_raw, t, 0, t);
-        let e = support::golden::rel_err(&got, want_scores);
-        assert!(e <= 1e-5, "{case}: scores rel err {e}");
-        let (sel, sel_scores) = gpu_topk(&g, &got, t, 0, t, k);
-        // Exact rule on the GPU's own scores (order included).
-        assert_eq!(sel, want_topk(&got, t, 0, t, k), "{case}: top-k differs from the reference on the same scores");
-        // Against the golden selection: sets where the boundary is clear, score multisets elsewhere.
-        let (_, gsel) = ints.get(&format!("{case}.selected")).expect("selected");
-        let clear = ints.get(&format!("{case}.clear")).map(|(_, c)| c.clone());
-        for r in 0..t {
-            let mine: std::collections::BTreeSet<i64> = sel[r * k..(r + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as i64).collect();
-            let theirs: std::collections::BTreeSet<i64> = gsel[r * k..(r + 1) * k].iter().filter(|&&s| s >= 0).copied().collect();
-            let is_clear = clear.as_ref().is_none_or(|c| c[r] == 1);
-            if is_clear {
-                assert_eq!(mine, theirs, "{case} row {r}: selection differs");
-            } else {
-                let score_of = |s: i64| want_scores[r * t + s as usize];
-                let mut a: Vec<f32> = mine.iter().map(|&s| score_of(s)).collect();
-                let mut b: Vec<f32> = theirs.iter().map(|&s| score_of(s)).collect();
-                a.sort_by(f32::total_cmp);
-                b.sort_by(f32::total_cmp);
-                let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
-                for (x, y) in a.iter().zip(&b) {
-                    assert!((x - y).abs() <= 1e-5 * scale, "{case} row {r}: selected score multisets differ");
+        for v in [dsa::IndexVariant::Auto, dsa::IndexVariant::Tiled] {
+            let got = gpu_scores(&g, Indexer::Variant(v), &kp, ih, q, &w_raw, t, 0, t);
+            let e = support::golden::rel_err(&got, want_scores);
+            assert!(e <= 1e-5, "{case} {v:?}: scores rel err {e}");
+            let (sel, sel_scores) = gpu_topk(&g, &got, t, 0, t, k);
+            // Exact rule on the GPU's own scores (order included).
+            assert_eq!(sel, want_topk(&got, t, 0, t, k), "{case} {v:?}: top-k differs from the reference on the same scores");
+            // Against the golden selection: sets where the boundary is clear, score multisets elsewhere.
+            let (_, gsel) = ints.get(&format!("{case}.selected")).expect("selected");
+            let clear = ints.get(&format!("{case}.clear")).map(|(_, c)| c.clone());
+            for r in 0..t {
+                let mine: std::collections::BTreeSet<i64> =
+                    sel[r * k..(r + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as i64).collect();
+                let theirs: std::collections::BTreeSet<i64> = gsel[r * k..(r + 1) * k].iter().filter(|&&s| s >= 0).copied().collect();
+                let is_clear = clear.as_ref().is_none_or(|c| c[r] == 1);
+                if is_clear {
+                    assert_eq!(mine, theirs, "{case} {v:?} row {r}: selection differs");
+                } else {
+                    let score_of = |s: i64| want_scores[r * t + s as usize];
+                    let mut a: Vec<f32> = mine.iter().map(|&s| score_of(s)).collect();
+                    let mut b: Vec<f32> = theirs.iter().map(|&s| score_of(s)).collect();
+                    a.sort_by(f32::total_cmp);
+                    b.sort_by(f32::total_cmp);
+                    let scale = b.iter().fold(0f32, |m, v| m.max(v.abs())).max(1e-30);
+                    for (x, y) in a.iter().zip(&b) {
+                        assert!((x - y).abs() <= 1e-5 * scale, "{case} {v:?} row {r}: selected score multisets differ");
+                    }
                 }
-            }
-            for i in 0..k {
-                let s = sel[r * k + i];
-                if s >= 0 {
-                    assert_eq!(sel_scores[r * k + i], got[r * t + s as usize], "{case}: sel_score");
+                for i in 0..k {
+                    let s = sel[r * k + i];
+                    if s >= 0 {
+                        assert_eq!(sel_scores[r * k + i], got[r * t + s as usize], "{case} {v:?}: sel_score");
+                    }
                 }
             }
         }
     }
 }
 
-/// The K3.1 indexer shape (32 x 128) through every variant this adapter has (SIMT everywhere, the
-/// streaming coop kernel where cooperative matrices exist), prefill with the causal mask inside
-/// the row, row lengths off every tile size, pages that split tiles: scores against the f64
-/// reference and top-64 selections equal as sets.
 #[test]
 fn auto_indexer_takes_the_coop_kernel_for_long_rows_only() {
     let min = dsa::COOP_INDEX_MIN_POS;
@@ -175,12 +217,27 @@ fn auto_indexer_takes_the_coop_kernel_for_long_rows_only() {
 }
 
 #[test]
+fn auto_indexer_takes_the_tiled_kernel_only_when_asked() {
+    assert!(dsa::auto_takes_tiled(Some("tiled")));
+    for env in [None, Some("simt"), Some("TILED"), Some("")] {
+        assert!(!dsa::auto_takes_tiled(env), "{env:?}");
+    }
+}
+
+/// The K3.1 indexer shape (32 x 128) through every variant this adapter has (SIMT and tiled
+/// everywhere, the tiled bench variant with 64-position tiles, the streaming coop kernel where
+/// cooperative matrices exist), prefill with the causal mask inside the row and whole tiles past
+/// it, row lengths off every tile size, pages that split tiles: scores against the f64
+/// reference and top-64 selections equal as sets.
+#[test]
 fn indexer_k31_shape_every_variant_matches_reference() {
     let Some(g) = gpu() else { return };
     let (ih, id, t) = (32, 128, 3);
-    let mut variants = vec![dsa::IndexVariant::Simt, dsa::IndexVariant::Auto];
+    let variants = [dsa::IndexVariant::Simt, dsa::IndexVariant::Auto, dsa::IndexVariant::Tiled];
+    let mut indexers: Vec<Indexer> = variants.map(Indexer::Variant).into();
+    indexers.push(Indexer::Kernel(dsa::INDEX_SCORES_TILED_T64));
     if dsa::coop_indexer_available(&g, ih, id) {
-        variants.push(dsa::IndexVariant::Coop);
+        indexers.push(Indexer::Variant(dsa::IndexVariant::Coop));
     }
     for &(n_pos, page0, q_pos0) in &[(1337usize, 16usize, 700usize), (2113, 1024, 2110), (97, 8, 0)] {
         let q = random_vec(31 + n_pos as u64, t * ih * id);
@@ -188,31 +245,44 @@ fn indexer_k31_shape_every_variant_matches_reference() {
         let keys = bf16_round(&random_vec(33 + n_pos as u64, n_pos * id));
         let want = refdsa::index_scores(&q, &w, &keys, ih, id, t, q_pos0, n_pos);
         let kp = upload_rows(&g, "keys", &keys, id, page0);
-        let scale = want.iter().filter(|x| x.is_finite()).fold(0f64, |m, x| m.max(x.abs()));
-        for &v in &variants {
-            let qb = g.storage_from("q", &q);
-            let wb = g.storage_from("w", &w);
-            let sb = g.storage("scores", (t * n_pos * 4) as u64);
-            let mut enc = g.device.create_command_encoder(&Default::default());
-            dsa::index_scores_variant(&g, &mut enc, v, &kp, ih, &qb, &wb, &sb, t, q_pos0, n_pos, n_pos, None).expect("index_scores");
-            g.queue.submit([enc.finish()]);
-            let got: Vec<f32> = g.read(&sb, t * n_pos).expect("read scores");
-            for (i, (&a, &b)) in got.iter().zip(&want).enumerate() {
-                if b.is_finite() {
-                    assert!((a as f64 - b).abs() <= 1e-5 * scale, "{v:?} n_pos {n_pos}: score {i}: {a} vs {b}");
-                } else {
-                    assert_eq!(a, f32::NEG_INFINITY, "{v:?} n_pos {n_pos}: position {i} not masked");
-                }
-            }
-            for r in 0..t {
-                let row: Vec<f64> = got[r * n_pos..(r + 1) * n_pos].iter().map(|&x| x as f64).collect();
-                let valid = (q_pos0 + r + 1).min(n_pos);
-                let mut a = refdsa::topk(&row, valid, 64);
-                let mut b = refdsa::topk(&want[r * n_pos..(r + 1) * n_pos], valid, 64);
-                a.sort();
-                b.sort();
-                assert_eq!(a, b, "{v:?} n_pos {n_pos} row {r}: top-64 differs from the reference");
-            }
+        for ix in &indexers {
+            let got = gpu_scores(&g, *ix, &kp, ih, &q, &w, t, q_pos0, n_pos);
+            check_scores(&format!("{} n_pos {n_pos}", ix.label()), &got, &want, t, q_pos0, 64);
+        }
+    }
+}
+
+/// The SIMT and tiled indexers at awkward shapes: 4, 8, 12 and 32 heads (the tiled kernel's 8
+/// head groups partly empty), head_dim 16, 32, 72 and 128 (72: the last 16-dim chunk half
+/// empty), rows off every tile size, several queries whose causal limit ends mid-tile with whole
+/// tiles past it, a decode row, and many small pages: scores against the f64 reference, top-16
+/// sets equal. The cache holds one more row, all NaN, which no kernel may read (with head_dim 72
+/// the tiled kernel's last chunk would reach into it were dims past head_dim loaded).
+#[test]
+fn indexer_awkward_shapes_simt_and_tiled_match_reference() {
+    let Some(g) = gpu() else { return };
+    // (heads, head_dim, n_pos, first page rows, queries, q_pos0)
+    let cases = [
+        (4, 16, 333, 8, 5, 50),
+        (8, 72, 200, 16, 1, 199),
+        (12, 32, 517, 8, 4, 130),
+        (12, 72, 129, 4, 3, 126),
+        (32, 16, 300, 32, 2, 257),
+        (4, 128, 65, 8, 2, 0),
+        (32, 72, 390, 8, 5, 200),
+        (8, 128, 1000, 64, 3, 990),
+    ];
+    for (n, &(ih, id, n_pos, page0, t, q_pos0)) in cases.iter().enumerate() {
+        let seed = 300 + 10 * n as u64;
+        let q = random_vec(seed, t * ih * id);
+        let w = random_vec(seed + 1, t * ih);
+        let mut keys = bf16_round(&random_vec(seed + 2, n_pos * id));
+        let want = refdsa::index_scores(&q, &w, &keys, ih, id, t, q_pos0, n_pos);
+        keys.extend(std::iter::repeat_n(f32::NAN, id));
+        let kp = upload_rows(&g, "keys", &keys, id, page0);
+        for v in [dsa::IndexVariant::Simt, dsa::IndexVariant::Tiled] {
+            let got = gpu_scores(&g, Indexer::Variant(v), &kp, ih, &q, &w, t, q_pos0, n_pos);
+            check_scores(&format!("{v:?} {ih} x {id}, n_pos {n_pos}"), &got, &want, t, q_pos0, 16);
         }
     }
 }

@@ -46,8 +46,8 @@ shader_params!(
     }
 );
 
-/// Indexer variants are specialised on (heads, head_dim); these two are validated in CI
-/// (K3.1 and the tiny/test shapes), others are built on demand by [`index_kernel`].
+/// Indexer variants are specialised on (heads, head_dim); K3.1 and the tiny/test shapes are
+/// validated in CI, others are built on demand by [`index_kernel`] and [`index_kernel_tiled`].
 /// The indexer kernels run without wgpu's runtime checks: [`index_scores_kernel`] checks that
 /// every position below n_pos lies in an allocated page and that q, w and the score rows are
 /// large enough; workgroup-memory indices are bounded by the constants.
@@ -58,6 +58,21 @@ pub const INDEX_KEYS_PROBE: Kernel =
     Kernel::new("index_keys_probe", "indexer", "index_keys_probe").with_constants(&[("IH", 32.0), ("ID", 128.0)]).unchecked();
 pub const INDEX_SCORES_4X32: Kernel =
     Kernel::new("index_scores_4x32", "indexer", "index_scores").with_constants(&[("IH", 4.0), ("ID", 32.0)]).unchecked();
+/// The register-tiled indexer (indexer.wgsl `index_scores_tiled`, [`IndexVariant::Tiled`]):
+/// tiles of TW / 2 positions, 4 positions x 4 heads per thread; the SIMT kernel's checks.
+pub const INDEX_SCORES_TILED_K31: Kernel = Kernel::new("index_scores_tiled_32x128", "indexer", "index_scores_tiled")
+    .with_constants(&[("IH", 32.0), ("ID", 128.0), ("TW", TILED_THREADS as f64)])
+    .unchecked();
+pub const INDEX_SCORES_TILED_4X32: Kernel = Kernel::new("index_scores_tiled_4x32", "indexer", "index_scores_tiled")
+    .with_constants(&[("IH", 4.0), ("ID", 32.0), ("TW", TILED_THREADS as f64)])
+    .unchecked();
+/// Bench variant of the tiled K3.1 indexer: workgroups of 128 threads, 64-position tiles (twice
+/// the workgroups, q staged twice as often per position).
+pub const INDEX_SCORES_TILED_T64: Kernel = Kernel::new("index_scores_tiled_t64", "indexer", "index_scores_tiled")
+    .with_constants(&[("IH", 32.0), ("ID", 128.0), ("TW", 128.0)])
+    .unchecked();
+/// Threads per workgroup of the tiled indexer (indexer.wgsl TW), twice its positions per tile.
+const TILED_THREADS: usize = 256;
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q scaled per head and split into two f16
 /// parts by masking, keys scaled into the exact f16 range (f32 recomputation beyond it): within
 /// ~6e-7 of the f32 kernel on the H200, in the layout that measured fastest (8 subgroups,
@@ -121,6 +136,9 @@ pub const GLOBAL_PREP: Kernel = Kernel::new("global_prep", "global_prep", "globa
 pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_K31,
     INDEX_SCORES_4X32,
+    INDEX_SCORES_TILED_K31,
+    INDEX_SCORES_TILED_4X32,
+    INDEX_SCORES_TILED_T64,
     INDEX_KEYS_PROBE,
     INDEX_SCORES_COOP,
     INDEX_SCORES_COOP_F16,
@@ -173,28 +191,54 @@ const TOPK_HSTRIDE: usize = 8192;
 /// H200 run slowed down past 1 GiB pages.
 const PAGE_BYTES_CAP: u64 = 256 << 20;
 
-/// The indexer kernel specialised on `heads` x `head_dim` (built once per shape).
+/// The SIMT indexer kernel specialised on `heads` x `head_dim` (built once per shape).
 pub fn index_kernel(heads: usize, head_dim: usize) -> Result<Kernel, GpuError> {
+    index_kernel_of("index_scores", heads, head_dim)
+}
+
+/// The register-tiled indexer kernel ([`IndexVariant::Tiled`]) specialised likewise.
+pub fn index_kernel_tiled(heads: usize, head_dim: usize) -> Result<Kernel, GpuError> {
+    index_kernel_of("index_scores_tiled", heads, head_dim)
+}
+
+/// The specialisations validated in CI (K3.1 and the tiny/test shapes): (heads, head_dim, kernel).
+const INDEX_PREBUILT: [(usize, usize, Kernel); 4] = [
+    (32, 128, INDEX_SCORES_K31),
+    (4, 32, INDEX_SCORES_4X32),
+    (32, 128, INDEX_SCORES_TILED_K31),
+    (4, 32, INDEX_SCORES_TILED_4X32),
+];
+
+/// Indexer entry point `entry` of indexer.wgsl specialised on `heads` x `head_dim`.
+fn index_kernel_of(entry: &'static str, heads: usize, head_dim: usize) -> Result<Kernel, GpuError> {
     if heads == 0 || heads > 32 || !heads.is_multiple_of(4) || head_dim == 0 || !head_dim.is_multiple_of(8) || head_dim > 128 {
         return Err(GpuError::Shape(format!(
             "indexer: {heads} heads x {head_dim} unsupported (needs heads a multiple of 4 up to 32, head_dim a multiple of 8 up to 128)"
         )));
     }
-    match (heads, head_dim) {
-        (32, 128) => return Ok(INDEX_SCORES_K31),
-        (4, 32) => return Ok(INDEX_SCORES_4X32),
-        _ => {}
+    if let Some((_, _, k)) = INDEX_PREBUILT.iter().find(|(h, d, k)| (*h, *d) == (heads, head_dim) && k.entry == entry) {
+        return Ok(*k);
     }
-    static BUILT: OnceLock<Mutex<HashMap<(usize, usize), Kernel>>> = OnceLock::new();
+    // Keyed by (entry point, heads, head_dim).
+    type Shapes = HashMap<(&'static str, usize, usize), Kernel>;
+    static BUILT: OnceLock<Mutex<Shapes>> = OnceLock::new();
     let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    let k = built.entry((heads, head_dim)).or_insert_with(|| {
+    let k = built.entry((entry, heads, head_dim)).or_insert_with(|| {
         // One small leak per distinct indexer shape: pipeline names and constants are 'static.
-        let name: &'static str = Box::leak(format!("index_scores_{heads}x{head_dim}").into_boxed_str());
-        let constants: &'static [(&'static str, f64)] =
-            Box::leak(vec![("IH", heads as f64), ("ID", head_dim as f64)].into_boxed_slice());
-        Kernel::new(name, "indexer", "index_scores").with_constants(constants).unchecked()
+        let name: &'static str = Box::leak(format!("{entry}_{heads}x{head_dim}").into_boxed_str());
+        let mut constants = vec![("IH", heads as f64), ("ID", head_dim as f64)];
+        if entry == INDEX_SCORES_TILED_K31.entry {
+            constants.push(("TW", TILED_THREADS as f64));
+        }
+        Kernel::new(name, "indexer", entry).with_constants(Box::leak(constants.into_boxed_slice())).unchecked()
     });
     Ok(*k)
+}
+
+/// Positions per workgroup of an indexer kernel: TW / 2 for the tiled one (every tiled kernel
+/// names TW), 64 for the others.
+fn index_tile(kernel: &Kernel) -> usize {
+    kernel.constants.iter().find(|(name, _)| *name == "TW").map_or(64, |&(_, tw)| tw as usize / 2)
 }
 
 fn shape_err(msg: String) -> GpuError {
@@ -437,10 +481,14 @@ pub enum IndexVariant {
     /// [`COOP_INDEX_MIN_POS`] positions, SIMT otherwise. H200, both built without runtime
     /// checks (2026-11-30): coop 11.0 / 28.9 / 65.8 / 230 / 428 us at 4K / 32K / 128K / 512K /
     /// 1M, SIMT 11.5 / 26.1 / 89.2 / 350 / 688 us. `K31_DSA_COOP=1` picks coop at every
-    /// length, `K31_DSA_COOP=0` never.
+    /// length, `K31_DSA_COOP=0` never. `K31_DSA_INDEX=tiled` runs [`IndexVariant::Tiled`]
+    /// where SIMT would run (see [`auto_takes_tiled`]).
     Auto,
-    /// f32 SIMT (indexer.wgsl): every adapter, every supported shape.
+    /// f32 SIMT (indexer.wgsl `index_scores`): every adapter, every supported shape.
     Simt,
+    /// f32 SIMT register-tiled (indexer.wgsl `index_scores_tiled`): every adapter, every
+    /// supported shape; not yet the default.
+    Tiled,
     /// Cooperative matrices (dsa_index_coop.wgsl), f32-exact scheme: q per head scaled and split
     /// hi + lo by masking, keys in the exact f16 range or recomputed in f32.
     Coop,
@@ -504,6 +552,25 @@ pub fn auto_picks_coop(n_pos: usize, env: Option<&str>) -> bool {
     }
 }
 
+/// Whether [`IndexVariant::Auto`] runs the tiled kernel where it would run SIMT, given the value
+/// of `K31_DSA_INDEX`: "tiled" yes; unset, "simt" or anything else no.
+pub fn auto_takes_tiled(env: Option<&str>) -> bool {
+    env == Some("tiled")
+}
+
+/// [`auto_takes_tiled`] of this process's `K31_DSA_INDEX`, read once (the indexer runs for every
+/// global layer of every token).
+fn auto_tiled() -> bool {
+    static TILED: OnceLock<bool> = OnceLock::new();
+    *TILED.get_or_init(|| {
+        let env = std::env::var("K31_DSA_INDEX").ok();
+        if let Some(v) = env.as_deref().filter(|v| !matches!(*v, "tiled" | "simt")) {
+            eprintln!("k31: K31_DSA_INDEX={v:?} is neither \"tiled\" nor \"simt\"; using the SIMT indexer");
+        }
+        auto_takes_tiled(env.as_deref())
+    })
+}
+
 /// [`index_scores`] with an explicit kernel choice.
 #[allow(clippy::too_many_arguments)]
 pub fn index_scores_variant(
@@ -525,7 +592,9 @@ pub fn index_scores_variant(
     let coop_ok = coop_indexer_available(gpu, heads, id);
     let kernel = match variant {
         IndexVariant::Auto if coop_ok && auto_picks_coop(n_pos, std::env::var("K31_DSA_COOP").ok().as_deref()) => INDEX_SCORES_COOP,
+        IndexVariant::Auto if auto_tiled() => index_kernel_tiled(heads, id)?,
         IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
+        IndexVariant::Tiled => index_kernel_tiled(heads, id)?,
         IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
             return Err(shape_err(format!(
                 "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128 and 44.8 KB of workgroup memory)"
@@ -578,11 +647,12 @@ pub fn index_scores_kernel(
     let slots = keys.slots();
     let mut entries = vec![(1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
+    let tiles = n_pos.div_ceil(index_tile(&kernel));
     let groups = if kernel.needs_coopmat {
         let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
-        [n_pos.div_ceil(64).clamp(1, cap) as u32, n_queries as u32, 1]
+        [tiles.clamp(1, cap) as u32, n_queries as u32, 1]
     } else {
-        [n_pos.div_ceil(64) as u32, n_queries as u32, 1]
+        [tiles as u32, n_queries as u32, 1]
     };
     check_groups(gpu, "index_scores", groups)?;
     gpu.dispatch_grid(enc, &kernel, &params, &entries, groups, profiler)
