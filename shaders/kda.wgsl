@@ -379,16 +379,16 @@ fn kda_gated_norm(
     if (row >= p.t_len * p.heads) {
         return;
     }
-    var x = 0.0;
-    if (lid < p.dk) {
-        x = o_out[row * p.dk + lid];
-    }
+    // Gate and weight loaded with o, before the reduction's barriers.
+    let c = min(lid, p.dk - 1u);
+    let i = row * p.dk + c;
+    let x = select(0.0, o_out[i], lid < p.dk);
+    let gw = norm_w[c] * sigmoid(gate_in[i]);
     sh_ra[lid] = x * x;
     sh_rb[lid] = 0.0;
     reduce2(lid);
     if (lid < p.dk) {
         let r = inverseSqrt(sh_ra[0] / f32(p.dk) + p.eps);
-        let i = row * p.dk + lid;
-        y_out[i] = x * r * norm_w[lid] * sigmoid(gate_in[i]);
+        y_out[i] = x * r * gw;
     }
 }

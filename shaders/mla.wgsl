@@ -576,6 +576,12 @@ fn merge_term(base: u32, s: u32, cv: u32, psv: u32) -> vec4<f32> {
     return select(0.0, split_w[sc], s < p.splits) * part4[base + sc * psv + cv];
 }
 
+// out_term with the W_UV unit already loaded.
+fn pre_term(w: vec4<u32>, u: u32, units: u32) -> f32 {
+    let uc = min(u, units - 1u);
+    return select(0.0, unit_dot(w, obar[2u * uc], obar[2u * uc + 1u]), u < units);
+}
+
 fn out_term(row: u32, u: u32, units: u32) -> f32 {
     let uc = min(u, units - 1u);
     return select(0.0, unit_dot(wkv_unit(row, uc), obar[2u * uc], obar[2u * uc + 1u]), u < units);
@@ -591,6 +597,20 @@ fn mla_merge_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     let r4v = (p.latent + 3u) / 4u;
     let psv = r4v + 1u;
     let base = (t * p.n_heads + h) * p.splits * psv;
+    // This thread's first 8 W_UV units, loaded before the merge (they do not depend on it).
+    let tpr = WG / OUT_ROWS;
+    let j = lid % tpr;
+    let v = vc * OUT_ROWS + lid / tpr;
+    let units = (p.latent + 7u) / 8u;
+    let row = h * (p.nope + p.v_dim) + p.nope + min(v, p.v_dim - 1u);
+    let w0 = wkv_unit(row, min(j, units - 1u));
+    let w1 = wkv_unit(row, min(j + tpr, units - 1u));
+    let w2 = wkv_unit(row, min(j + 2u * tpr, units - 1u));
+    let w3 = wkv_unit(row, min(j + 3u * tpr, units - 1u));
+    let w4 = wkv_unit(row, min(j + 4u * tpr, units - 1u));
+    let w5 = wkv_unit(row, min(j + 5u * tpr, units - 1u));
+    let w6 = wkv_unit(row, min(j + 6u * tpr, units - 1u));
+    let w7 = wkv_unit(row, min(j + 7u * tpr, units - 1u));
     for (var s = lid; s < p.splits; s += WG) {
         let ml = part4[base + s * psv + r4v];
         split_m[s] = ml.x;
@@ -630,14 +650,11 @@ fn mla_merge_out(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         obar[lid] = select(vec4<f32>(0.0), v, col < vec4<u32>(p.latent));
     }
     workgroupBarrier();
-    let tpr = WG / OUT_ROWS;
-    let j = lid % tpr;
-    let v = vc * OUT_ROWS + lid / tpr;
-    let units = (p.latent + 7u) / 8u;
     var d = 0.0;
     if (v < p.v_dim) {
-        let row = h * (p.nope + p.v_dim) + p.nope + v;
-        for (var u = j; u < units; u += 8u * tpr) {
+        d = ((pre_term(w0, j, units) + pre_term(w1, j + tpr, units)) + (pre_term(w2, j + 2u * tpr, units) + pre_term(w3, j + 3u * tpr, units)))
+            + ((pre_term(w4, j + 4u * tpr, units) + pre_term(w5, j + 5u * tpr, units)) + (pre_term(w6, j + 6u * tpr, units) + pre_term(w7, j + 7u * tpr, units)));
+        for (var u = j + 8u * tpr; u < units; u += 8u * tpr) {
             d += ((out_term(row, u, units) + out_term(row, u + tpr, units))
                 + (out_term(row, u + 2u * tpr, units) + out_term(row, u + 3u * tpr, units)))
                 + ((out_term(row, u + 4u * tpr, units) + out_term(row, u + 5u * tpr, units))
