@@ -207,20 +207,19 @@ fn indexer_scores_and_selection_match_goldens() {
 }
 
 #[test]
-fn auto_indexer_takes_the_coop_kernel_for_long_rows_only() {
-    let min = dsa::COOP_INDEX_MIN_POS;
-    assert!(!dsa::auto_picks_coop(min - 1, None));
-    assert!(dsa::auto_picks_coop(min, None));
-    assert!(dsa::auto_picks_coop(1, Some("1")));
-    assert!(!dsa::auto_picks_coop(1 << 20, Some("0")));
-    assert!(dsa::auto_picks_coop(min, Some("yes")), "other values keep the length rule");
-}
-
-#[test]
-fn auto_indexer_takes_the_tiled_kernel_only_when_asked() {
-    assert!(dsa::auto_takes_tiled(Some("tiled")));
-    for env in [None, Some("simt"), Some("TILED"), Some("")] {
-        assert!(!dsa::auto_takes_tiled(env), "{env:?}");
+fn auto_indexer_picks_by_row_length_and_environment() {
+    use dsa::IndexVariant::{Coop, Simt, Tiled};
+    let min = dsa::TILED_INDEX_MIN_POS;
+    assert_eq!(dsa::auto_index(min - 1, None, None, true), Simt);
+    assert_eq!(dsa::auto_index(min, None, None, true), Tiled);
+    assert_eq!(dsa::auto_index(1 << 20, None, None, true), Tiled, "coop only when asked");
+    assert_eq!(dsa::auto_index(1, Some("1"), None, true), Coop);
+    assert_eq!(dsa::auto_index(1 << 20, Some("1"), None, false), Tiled, "no coop on this adapter");
+    assert_eq!(dsa::auto_index(1 << 20, Some("0"), Some("simt"), true), Simt);
+    assert_eq!(dsa::auto_index(1, None, Some("tiled"), false), Tiled);
+    for env in [Some("TILED"), Some(""), Some("coop")] {
+        assert_eq!(dsa::auto_index(min - 1, None, env, true), Simt, "{env:?} keeps the length rule");
+        assert_eq!(dsa::auto_index(min, None, env, true), Tiled, "{env:?} keeps the length rule");
     }
 }
 

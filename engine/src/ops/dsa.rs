@@ -76,8 +76,8 @@ const TILED_THREADS: usize = 256;
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q scaled per head and split into two f16
 /// parts by masking, keys scaled into the exact f16 range (f32 recomputation beyond it): within
 /// ~6e-7 of the f32 kernel on the H200, in the layout that measured fastest (8 subgroups,
-/// 64-position tiles; a streaming 2-subgroup form was slower and was removed). The default
-/// from [`COOP_INDEX_MIN_POS`] positions, see [`IndexVariant::Auto`].
+/// 64-position tiles; a streaming 2-subgroup form was slower and was removed). Opt-in since the
+/// tiled SIMT kernel beat it at every length (see [`IndexVariant::Auto`]).
 pub const INDEX_SCORES_COOP: Kernel =
     Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop")
         .with_constants(&[("QSPLIT", 1.0)])
@@ -477,17 +477,14 @@ impl PagedRows {
 /// Which indexer kernel runs (the benches and tests pick one; the layer uses `Auto`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexVariant {
-    /// [`IndexVariant::Coop`] where [`coop_indexer_available`] and the row has at least
-    /// [`COOP_INDEX_MIN_POS`] positions, SIMT otherwise. H200, both built without runtime
-    /// checks (2026-11-30): coop 11.0 / 28.9 / 65.8 / 230 / 428 us at 4K / 32K / 128K / 512K /
-    /// 1M, SIMT 11.5 / 26.1 / 89.2 / 350 / 688 us. `K31_DSA_COOP=1` picks coop at every
-    /// length, `K31_DSA_COOP=0` never. `K31_DSA_INDEX=tiled` runs [`IndexVariant::Tiled`]
-    /// where SIMT would run (see [`auto_takes_tiled`]).
+    /// By row length ([`auto_index`]): SIMT below [`TILED_INDEX_MIN_POS`] positions, tiled
+    /// from there. `K31_DSA_COOP=1` picks coop where the adapter has it, `K31_DSA_INDEX=simt` or
+    /// `tiled` that kernel at every length.
     Auto,
     /// f32 SIMT (indexer.wgsl `index_scores`): every adapter, every supported shape.
     Simt,
     /// f32 SIMT register-tiled (indexer.wgsl `index_scores_tiled`): every adapter, every
-    /// supported shape; not yet the default.
+    /// supported shape.
     Tiled,
     /// Cooperative matrices (dsa_index_coop.wgsl), f32-exact scheme: q per head scaled and split
     /// hi + lo by masking, keys in the exact f16 range or recomputed in f32.
@@ -538,36 +535,37 @@ pub fn index_scores(
     index_scores_variant(gpu, enc, IndexVariant::Auto, keys, heads, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
 }
 
-/// Row length from which [`IndexVariant::Auto`] runs the coop indexer (where it exists): on the
-/// H200 SIMT was faster at 32K (26.1 vs 28.9 us), coop at 128K (65.8 vs 89.2 us).
-pub const COOP_INDEX_MIN_POS: usize = 65536;
+/// Row length from which [`IndexVariant::Auto`] runs the tiled indexer instead of SIMT. H200
+/// (2026-11-30, thirteenth session, `dsa --indexer`): tiled 13.1 / 17.8 / 50.8 / 191 / 771 us at
+/// 4K / 32K / 128K / 512K / 1M positions, SIMT 11.4 / 26.2 / 89.6 / 351 / 1465, coop 11.0 / 28.9 /
+/// 68.5 / 232 / 858; at 2K positions in the model SIMT 18.5 against tiled 19.4 us in-pass.
+pub const TILED_INDEX_MIN_POS: usize = 8192;
 
-/// Whether [`IndexVariant::Auto`] takes the coop indexer for a row of `n_pos` positions, given
-/// the value of `K31_DSA_COOP` ("1": always, "0": never), on an adapter that has it.
-pub fn auto_picks_coop(n_pos: usize, env: Option<&str>) -> bool {
-    match env {
-        Some("1") => true,
-        Some("0") => false,
-        _ => n_pos >= COOP_INDEX_MIN_POS,
+/// The kernel [`IndexVariant::Auto`] runs for a row of `n_pos` positions, given the values of
+/// `K31_DSA_COOP` ("1": the coop kernel wherever `coop_ok`) and `K31_DSA_INDEX` ("simt" or
+/// "tiled": that kernel at every length; unset or anything else: the length rule).
+pub fn auto_index(n_pos: usize, coop_env: Option<&str>, index_env: Option<&str>, coop_ok: bool) -> IndexVariant {
+    if coop_ok && coop_env == Some("1") {
+        return IndexVariant::Coop;
+    }
+    match index_env {
+        Some("simt") => IndexVariant::Simt,
+        Some("tiled") => IndexVariant::Tiled,
+        _ if n_pos >= TILED_INDEX_MIN_POS => IndexVariant::Tiled,
+        _ => IndexVariant::Simt,
     }
 }
 
-/// Whether [`IndexVariant::Auto`] runs the tiled kernel where it would run SIMT, given the value
-/// of `K31_DSA_INDEX`: "tiled" yes; unset, "simt" or anything else no.
-pub fn auto_takes_tiled(env: Option<&str>) -> bool {
-    env == Some("tiled")
-}
-
-/// [`auto_takes_tiled`] of this process's `K31_DSA_INDEX`, read once (the indexer runs for every
+/// This process's `K31_DSA_COOP` and `K31_DSA_INDEX`, read once (the indexer runs for every
 /// global layer of every token).
-fn auto_tiled() -> bool {
-    static TILED: OnceLock<bool> = OnceLock::new();
-    *TILED.get_or_init(|| {
-        let env = std::env::var("K31_DSA_INDEX").ok();
-        if let Some(v) = env.as_deref().filter(|v| !matches!(*v, "tiled" | "simt")) {
-            eprintln!("k31: K31_DSA_INDEX={v:?} is neither \"tiled\" nor \"simt\"; using the SIMT indexer");
+fn index_env() -> &'static (Option<String>, Option<String>) {
+    static ENV: OnceLock<(Option<String>, Option<String>)> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let index = std::env::var("K31_DSA_INDEX").ok();
+        if let Some(v) = index.as_deref().filter(|v| !matches!(*v, "tiled" | "simt")) {
+            eprintln!("k31: K31_DSA_INDEX={v:?} is neither \"tiled\" nor \"simt\"; choosing by row length");
         }
-        auto_takes_tiled(env.as_deref())
+        (std::env::var("K31_DSA_COOP").ok(), index)
     })
 }
 
@@ -591,9 +589,25 @@ pub fn index_scores_variant(
     let id = keys.width;
     let coop_ok = coop_indexer_available(gpu, heads, id);
     let kernel = match variant {
-        IndexVariant::Auto if coop_ok && auto_picks_coop(n_pos, std::env::var("K31_DSA_COOP").ok().as_deref()) => INDEX_SCORES_COOP,
-        IndexVariant::Auto if auto_tiled() => index_kernel_tiled(heads, id)?,
-        IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
+        IndexVariant::Auto => {
+            let (coop_env, index) = index_env();
+            return index_scores_variant(
+                gpu,
+                enc,
+                auto_index(n_pos, coop_env.as_deref(), index.as_deref(), coop_ok),
+                keys,
+                heads,
+                q,
+                w,
+                scores,
+                n_queries,
+                q_pos0,
+                n_pos,
+                row_stride,
+                profiler,
+            );
+        }
+        IndexVariant::Simt => index_kernel(heads, id)?,
         IndexVariant::Tiled => index_kernel_tiled(heads, id)?,
         IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
             return Err(shape_err(format!(
