@@ -438,32 +438,58 @@ fn gemv_fast_path_and_linear_match_reference() {
     }
 }
 
-/// Several matrices sharing x in one multi-matrix dispatch (more than four entries, one
-/// matrix split into row chunks) equal one reference GEMV each.
-#[test]
-fn gemv_many_matches_reference() {
-    let Some(gpu) = support::gpu() else { return };
+/// gemv_many over matrices of `shapes` rows sharing a 264-wide x (the 301-row one in chunks of
+/// 64 rows, as a tensor past one binding would be) equals one reference GEMV each.
+fn gemv_many_vs_reference(gpu: &Gpu, shapes: &[usize]) {
     let cols = 264;
     let x = support::random_vec(5, cols);
     let xb = gpu.storage_from("x", &x);
-    let shapes = [1usize, 17, 301, 40, 33, 96];
     let mut ws = Vec::new();
     let mut tensors = Vec::new();
     for (i, &rows) in shapes.iter().enumerate() {
         let w = bf16_round(&support::random_vec(10 + i as u64, rows * cols));
-        // The 301-row matrix in chunks of 64 rows, as a tensor past one binding would be.
         let chunk = (rows == 301).then_some((64 * cols * 2) as u64);
-        tensors.push(GpuTensor::upload(&gpu, "w", DType::BF16, &[rows, cols], &bf16_bytes(&w), chunk).expect("upload"));
+        tensors.push(GpuTensor::upload(gpu, "w", DType::BF16, &[rows, cols], &bf16_bytes(&w), chunk).expect("upload"));
         ws.push(w);
     }
     let ys: Vec<_> = shapes.iter().map(|&r| gpu.storage("y", (r * 4) as u64)).collect();
     let pairs: Vec<_> = tensors.iter().zip(&ys).collect();
-    run(&gpu, |enc| gemv::gemv_many(&gpu, enc, &pairs, &xb, None).unwrap());
+    run(gpu, |enc| gemv::gemv_many(gpu, enc, &pairs, &xb, None).unwrap());
     for (i, &rows) in shapes.iter().enumerate() {
         let got: Vec<f32> = gpu.read(&ys[i], rows).unwrap();
         let want = reference::gemv::gemv(&ws[i], rows, cols, &x);
         assert!(support::nmse(&got, &want) < 1e-10, "matrix {i} [{rows}, {cols}]: nmse {}", support::nmse(&got, &want));
     }
+}
+
+/// Several matrices sharing x in one multi-matrix dispatch (more than four entries, one
+/// matrix split into row chunks) equal one reference GEMV each.
+#[test]
+fn gemv_many_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    gemv_many_vs_reference(&gpu, &[1, 17, 301, 40, 33, 96]);
+}
+
+/// Adapters that run fewer than 512 invocations per workgroup get kernels that fit: the MXFP4
+/// decode's shared-memory pair instead of the subgroup ones, one GEMV per matrix instead of the
+/// multi-matrix kernel, no normed GEMV; the results stay the reference's.
+#[test]
+fn small_workgroup_adapters_take_kernels_that_fit() {
+    let Some(_) = support::gpu() else { return };
+    let mut gpu = Gpu::open(None).expect("second device");
+    std::sync::Arc::get_mut(&mut gpu).expect("one owner").caps.max_invocations = 256;
+    let layout = SlotLayout::new(ExpertFormat::Mxfp4, 64, 96).unwrap();
+    assert_eq!(moe::decode_default(&gpu, &layout).name, moe::DECODE_SHARED.name);
+    for k in moe::DECODE_VARIANTS.iter().filter(|k| moe::decode_supported(&gpu, &layout, k)) {
+        assert!(!k.up.needs_subgroups, "{} offered with 256 invocations", k.name);
+    }
+    let w = bf16_tensor(&gpu, "w", 40, 264, &vec![0.0; 40 * 264]);
+    assert!(!gemv::normed_fits(&gpu, &w));
+    gemv_many_vs_reference(&gpu, &[33, 70]);
+    // Which kernel ran (lavapipe itself runs 512-invocation workgroups, so results alone would
+    // not tell; this device is fresh, nothing prewarmed).
+    assert!(!gpu.pipelines.is_built(gemv::GEMV_BF16_MULTI.name), "the multi-matrix GEMV ran");
+    assert!(gpu.pipelines.is_built(gemv::GEMV_BF16_SG.name), "the per-matrix GEMV did not run");
 }
 
 /// The normed-input GEMV (decode's latent RMSNorm + up-projection, and the shared experts'

@@ -158,6 +158,12 @@ impl PipelineCache {
         Ok(self.workgroup_bytes(k)? <= gpu.caps.max_workgroup_storage)
     }
 
+    /// Whether the kernel named `name` has been built on this device (tests: which variant an
+    /// op chose).
+    pub fn is_built(&self, name: &str) -> bool {
+        self.built.lock().unwrap_or_else(|p| p.into_inner()).contains_key(name)
+    }
+
     /// Host seconds spent building pipelines so far in this process.
     pub fn build_seconds(&self) -> f64 {
         self.build_nanos.load(Ordering::Relaxed) as f64 * 1e-9
