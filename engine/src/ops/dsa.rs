@@ -588,26 +588,16 @@ pub fn index_scores_variant(
 ) -> Result<(), GpuError> {
     let id = keys.width;
     let coop_ok = coop_indexer_available(gpu, heads, id);
-    let kernel = match variant {
+    let variant = match variant {
         IndexVariant::Auto => {
             let (coop_env, index) = index_env();
-            return index_scores_variant(
-                gpu,
-                enc,
-                auto_index(n_pos, coop_env.as_deref(), index.as_deref(), coop_ok),
-                keys,
-                heads,
-                q,
-                w,
-                scores,
-                n_queries,
-                q_pos0,
-                n_pos,
-                row_stride,
-                profiler,
-            );
+            auto_index(n_pos, coop_env.as_deref(), index.as_deref(), coop_ok)
         }
-        IndexVariant::Simt => index_kernel(heads, id)?,
+        v => v,
+    };
+    let kernel = match variant {
+        // (`auto_index` never returns Auto.)
+        IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
         IndexVariant::Tiled => index_kernel_tiled(heads, id)?,
         IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
             return Err(shape_err(format!(

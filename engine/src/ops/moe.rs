@@ -35,7 +35,7 @@ pub const EXPERT_DOWN_BF16: Kernel = Kernel::new("expert_down_bf16", "moe", "exp
 /// half-subgroup teams cover 8 rows); 4 rows x all experts per workgroup of 512 in stage 2
 /// (one item per subgroup). Sizes measured on the H200 (docs/perf.md).
 pub const EXPERT_UP_MXFP4_SGT: Kernel = Kernel::new("expert_up_mxfp4_sgt", "moe_sg", "expert_up_sgt")
-    .with_constants(&[("RPW2", 96.0), ("WG1", 384.0)])
+    .with_constants(&[("RPW2", 96.0), ("WG1", SGT_UP_THREADS as f64)])
     .subgroups()
     .unchecked();
 /// Stage 1 for experts wider than its workgroup array: z read in place (scattered).
@@ -44,11 +44,12 @@ pub const EXPERT_UP_MXFP4_SGT_WIDE: Kernel = Kernel::new("expert_up_mxfp4_sgt_wi
     .subgroups()
     .unchecked();
 pub const EXPERT_DOWN_MXFP4_SGT: Kernel = Kernel::new("expert_down_mxfp4_sgt", "moe_sg", "expert_down_sgt")
-    .with_constants(&[("RPW2", 4.0), ("WG2", 512.0)])
+    .with_constants(&[("RPW2", 4.0), ("WG2", SGT_DOWN_THREADS as f64)])
     .subgroups()
     .unchecked();
-/// The largest workgroup of the `sgt` kernels (stage 2's WG2).
-const SGT_MAX_THREADS: u32 = 512;
+/// Workgroup sizes of `sgt`'s stage 1 (WG1; the wide form keeps the shader's 256) and stage 2 (WG2).
+const SGT_UP_THREADS: u32 = 384;
+const SGT_DOWN_THREADS: u32 = 512;
 /// Stage 1 of `sgt` stages z in a workgroup array of this many floats (moe_sg.wgsl MAX_XT * 4).
 const SGT_MAX_IN: usize = 4096;
 pub const MOE_GROUP: Kernel = Kernel::new("moe_group", "moe", "moe_group");
@@ -197,8 +198,8 @@ pub fn decode_default(gpu: &Gpu, layout: &SlotLayout) -> DecodeKernels {
 
 /// Whether the adapter can run `k` on experts of this layout.
 pub fn decode_supported(gpu: &Gpu, layout: &SlotLayout, k: &DecodeKernels) -> bool {
-    // The subgroup kernels run workgroups of up to SGT_MAX_THREADS.
-    (!k.up.needs_subgroups || (gpu.caps.subgroups && gpu.caps.max_invocations >= SGT_MAX_THREADS))
+    // The subgroup kernels run workgroups of SGT_UP_THREADS and SGT_DOWN_THREADS.
+    (!k.up.needs_subgroups || (gpu.caps.subgroups && gpu.caps.max_invocations >= SGT_UP_THREADS.max(SGT_DOWN_THREADS)))
         && (k.up.name != EXPERT_UP_MXFP4_SGT.name || layout.n_in <= SGT_MAX_IN)
 }
 
