@@ -172,38 +172,39 @@ fn router_select(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) 
     workgroupBarrier();
     for (var k = 2u; k <= size; k = k << 1u) {
         for (var j = k >> 1u; j > 0u; j = j >> 1u) {
-            for (var i = lid; i < size; i += WG) {
-                let l = i ^ j;
-                if (l > i) {
-                    let a = taken[i];
-                    let b = taken[l];
-                    let a_first = ranks_before(key[i], a, key[l], b);
-                    // Blocks with (i & k) == 0 end best-first, the others worst-first.
-                    if (a_first != ((i & k) == 0u)) {
-                        let kv = key[i];
-                        key[i] = key[l];
-                        key[l] = kv;
-                        taken[i] = b;
-                        taken[l] = a;
-                    }
+            // One compare-exchange per pair (i, i + j): pair q has i = 2q - (q mod j).
+            for (var q = lid; q < size / 2u; q += WG) {
+                let i = 2u * q - (q & (j - 1u));
+                let l = i + j;
+                let a = taken[i];
+                let b = taken[l];
+                let a_first = ranks_before(key[i], a, key[l], b);
+                // Blocks with (i & k) == 0 end best-first, the others worst-first.
+                if (a_first != ((i & k) == 0u)) {
+                    let kv = key[i];
+                    key[i] = key[l];
+                    key[l] = kv;
+                    taken[i] = b;
+                    taken[l] = a;
                 }
             }
             workgroupBarrier();
         }
     }
+    // Thread k < top_k writes choice k; each sums the chosen scores in the same order.
     if (lid < p.top_k) {
-        chosen[lid] = taken[lid];
+        let e = taken[lid];
+        chosen[lid] = e;
+        best_v[lid] = score[e];
     }
     workgroupBarrier();
-    if (lid == 0u) {
+    if (lid < p.top_k) {
         var sum = 0.0;
         for (var k = 0u; k < p.top_k; k++) {
-            sum += score[chosen[k]];
+            sum += best_v[k];
         }
         let norm = select(1.0, 1.0 / (sum + 1e-20), p.renormalize != 0u && p.top_k > 1u);
-        for (var k = 0u; k < p.top_k; k++) {
-            idx[t * p.top_k + k] = chosen[k];
-            wts[t * p.top_k + k] = score[chosen[k]] * norm * p.scaling;
-        }
+        idx[t * p.top_k + lid] = chosen[lid];
+        wts[t * p.top_k + lid] = best_v[lid] * norm * p.scaling;
     }
 }

@@ -196,4 +196,89 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     finish_boundary(row, lid, nb, ncand, small, r2.y, p.k - r2.y, b1, b2);
 }
 
+// topk_small: a row of at most CHUNK positions in ONE workgroup and one dispatch (decode at
+// short contexts, where topk_hist + topk_gather's dependent global round trips cost more than
+// the select itself). Exact radix select of the k largest composites (key, ~position) in
+// 8-bit digits over workgroup histograms, from the top (key bits 31..0, then ~position bits
+// 15..0), stopping as soon as the bin holding the k-th composite is taken whole (at the latest
+// on the last digit, where composites are unique). Same outputs as topk_gather (sel / sel_score
+// in no particular order, or the list topk_rank orders). Grid (1, rows); row_len <= CHUNK.
+fn small_digit(dg: u32, key: u32, pos: u32) -> u32 {
+    if (dg < 4u) {
+        return (key >> (24u - 8u * dg)) & 0xffu;
+    }
+    return (~pos >> (8u * (5u - dg))) & 0xffu;
+}
+
+@compute @workgroup_size(WG)
+fn topk_small(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
+              @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssz: u32, @builtin(subgroup_id) sgi: u32,
+              @builtin(num_subgroups) nsg: u32) {
+    sg_lane = sid;
+    sg_size = ssz;
+    sg_id = sgi;
+    sg_num = nsg;
+    sg_vi = sgi * ssz + sid;
+    let row = row_of(wg, nwg);
+    if (row >= p.n_rows) {
+        return;
+    }
+    let valid = valid_len(row);
+    let keys = gather_keys(row, 0u, valid, lid);
+    if (valid <= p.k) {
+        select_all_valid(row, 0u, valid, lid, true, keys);
+        return;
+    }
+    if (lid == 0u) {
+        atomicStore(&wcnt[0], 0u);
+    }
+    // Per thread, bit i: item i (position i * WG + lid) still in the k-th composite's bin
+    // (live) or taken (chosen).
+    var live = 0u;
+    var chosen = 0u;
+    for (var i = 0u; i < ITEMS; i++) {
+        if (i * WG + lid < valid) {
+            live |= 1u << i;
+        }
+    }
+    var need = p.k;
+    for (var dg = 0u; dg < 6u; dg++) {
+        for (var b = lid; b < 256u; b += WG) {
+            atomicStore(&lh8[b], 0u);
+        }
+        workgroupBarrier();
+        for (var i = 0u; i < ITEMS; i++) {
+            if ((live & (1u << i)) != 0u) {
+                atomicAdd(&lh8[small_digit(dg, keys[i], i * WG + lid)], 1u);
+            }
+        }
+        workgroupBarrier();
+        // (bin, composites still needed from it, composites in it), workgroup-uniform.
+        let r = find_bin_local(need, lid);
+        for (var i = 0u; i < ITEMS; i++) {
+            if ((live & (1u << i)) != 0u) {
+                let d = small_digit(dg, keys[i], i * WG + lid);
+                if (d > r.x) {
+                    chosen |= 1u << i;
+                }
+                if (d != r.x) {
+                    live &= ~(1u << i);
+                }
+            }
+        }
+        need = r.y;
+        if (r.y == r.z) {
+            chosen |= live;
+            break;
+        }
+    }
+    var o = slots(countOneBits(chosen), 0u);
+    for (var i = 0u; i < ITEMS; i++) {
+        if ((chosen & (1u << i)) != 0u) {
+            put(row, o, keys[i], i * WG + lid);
+            o += 1u;
+        }
+    }
+}
+
 #include "lib/topk_rank.wgsl"

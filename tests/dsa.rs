@@ -84,13 +84,18 @@ fn check_scores(what: &str, got: &[f32], want: &[f64], t: usize, q_pos0: usize, 
 }
 
 /// Top-k on the GPU of `rows` rows of `row_len` (row r valid up to pos0 + r + 1).
-/// [`gpu_topk_with`] for both kernel forms (subgroup, where the adapter has subgroups, and
+/// [`gpu_topk_with`] for every kernel form (subgroup, where the adapter has subgroups, with
+/// rows of one workgroup's positions in one dispatch and through the two-dispatch path, and
 /// portable): the same selection.
 fn gpu_topk(g: &Gpu, scores: &[f32], rows: usize, pos0: usize, row_len: usize, k: usize) -> (Vec<i32>, Vec<f32>) {
     let a = gpu_topk_with(g, scores, rows, pos0, row_len, k, false);
     if g.caps.subgroups {
         let b = gpu_topk_with(g, scores, rows, pos0, row_len, k, true);
         assert_eq!(a, b, "the portable top-k differs from the subgroup form");
+        let was = dsa::set_topk_small(false);
+        let c = gpu_topk_with(g, scores, rows, pos0, row_len, k, false);
+        dsa::set_topk_small(was);
+        assert_eq!(a, c, "the one-dispatch top-k differs from the two-dispatch form");
     }
     a
 }
@@ -290,7 +295,7 @@ fn indexer_awkward_shapes_simt_and_tiled_match_reference() {
 fn topk_radix_select_follows_the_tie_rule() {
     let Some(g) = gpu() else { return };
     let mut seed = 0;
-    for &(len, k) in &[(1usize, 1usize), (17, 16), (33, 1), (4097, 2048), (10000, 16), (70001, 2048), (9000, 2047)] {
+    for &(len, k) in &[(1usize, 1usize), (17, 16), (33, 1), (2060, 2048), (4096, 2048), (4095, 1000), (4097, 2048), (10000, 16), (70001, 2048), (9000, 2047)] {
         for kind in 0..4 {
             seed += 1;
             let mut v = random_vec(seed, len);

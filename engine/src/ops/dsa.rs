@@ -107,6 +107,10 @@ pub const TOPK_HIST_SG: Kernel = Kernel::new("topk_hist_sg", "topk_sg", "topk_hi
 pub const TOPK_GATHER_SG: Kernel = Kernel::new("topk_gather_sg", "topk_sg", "topk_gather").subgroups().unchecked();
 pub const TOPK_GATHER_SET_SG: Kernel =
     Kernel::new("topk_gather_set_sg", "topk_sg", "topk_gather").with_constants(&[("ORDERED", 0.0)]).subgroups().unchecked();
+/// Rows of at most TOPK_CHUNK positions in one workgroup and one dispatch (topk_sg.wgsl).
+pub const TOPK_SMALL_SG: Kernel = Kernel::new("topk_small_sg", "topk_sg", "topk_small").subgroups().unchecked();
+pub const TOPK_SMALL_SET_SG: Kernel =
+    Kernel::new("topk_small_set_sg", "topk_sg", "topk_small").with_constants(&[("ORDERED", 0.0)]).subgroups().unchecked();
 /// Bench probe: an empty dispatch (launch and drain floor), see [`topk_probe`].
 pub const TOPK_NOOP: Kernel = Kernel::new("topk_noop", "topk", "topk_noop");
 // The decode-path MLA kernels run without wgpu's runtime checks (index clamping, forced loop
@@ -149,6 +153,8 @@ pub const KERNELS: &[Kernel] = &[
     TOPK_HIST_SG,
     TOPK_GATHER_SG,
     TOPK_GATHER_SET_SG,
+    TOPK_SMALL_SG,
+    TOPK_SMALL_SET_SG,
     TOPK_NOOP,
     MLA_ABSORB,
     MLA_ATTEND,
@@ -791,14 +797,24 @@ fn topk_impl(
         (false, true) => (TOPK_HIST, TOPK_GATHER),
         (false, false) => (TOPK_HIST, TOPK_GATHER_SET),
     };
-    let steps: [(Kernel, Vec<(u32, &wgpu::Buffer)>, u32); 3] = [
-        (hist, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
-        // Bindings 2 and 8 are the same buffer, atomic and plain (topk.wgsl `histp`).
-        (gather, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score), (8, sc)], chunks),
-        (TOPK_RANK, vec![(0, &u), (5, list), (6, sel), (7, sel_score)], ranks),
-    ];
+    // A row that one workgroup holds is selected in one dispatch (no global round trips).
+    let small = sg && row_len <= TOPK_CHUNK && TOPK_SMALL.load(std::sync::atomic::Ordering::Relaxed);
+    let small_kernel = if ordered { TOPK_SMALL_SG } else { TOPK_SMALL_SET_SG };
+    let all = vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score), (8, sc)];
+    let steps: Vec<(Kernel, Vec<(u32, &wgpu::Buffer)>, u32)> = if small {
+        vec![(small_kernel, vec![(0, &u), (1, scores), (5, list), (6, sel), (7, sel_score)], 1)]
+    } else {
+        vec![
+            (hist, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
+            // Bindings 2 and 8 are the same buffer, atomic and plain (topk.wgsl `histp`).
+            (gather, all, chunks),
+        ]
+    }
+    .into_iter()
+    .chain(ordered.then(|| (TOPK_RANK, vec![(0, &u), (5, list), (6, sel), (7, sel_score)], ranks)))
+    .collect();
     let mut prepared = Vec::with_capacity(steps.len());
-    for (kernel, entries, gx) in steps.iter().take(if ordered { 3 } else { 2 }) {
+    for (kernel, entries, gx) in &steps {
         let pipeline = gpu.pipelines.get(gpu, kernel)?;
         let bind = gpu.bind_group(kernel, &pipeline, entries)?;
         prepared.push((pipeline, bind, *gx));
@@ -827,6 +843,14 @@ fn topk_impl(
 
 static TOPK_SPLIT_PASSES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 static TOPK_PORTABLE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+static TOPK_SMALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Tests and bench: whether rows of at most one workgroup's positions take the one-dispatch
+/// select (`topk_small`, the default where subgroups exist) or the two-dispatch path. Returns
+/// the previous setting.
+pub fn set_topk_small(on: bool) -> bool {
+    TOPK_SMALL.swap(on, std::sync::atomic::Ordering::Relaxed)
+}
 
 /// Tests and bench: run the portable top-k kernels (topk.wgsl, no subgroups) even where the
 /// adapter has subgroups. Returns the previous setting.
