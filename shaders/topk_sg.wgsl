@@ -196,13 +196,19 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     finish_boundary(row, lid, nb, ncand, small, r2.y, p.k - r2.y, b1, b2);
 }
 
-// topk_small: a row of at most CHUNK positions in ONE workgroup and one dispatch (decode at
+// topk_small: a row of at most SMALL_MAX positions in ONE workgroup and one dispatch (decode at
 // short contexts, where topk_hist + topk_gather's dependent global round trips cost more than
 // the select itself). Exact radix select of the k largest composites (key, ~position) in
 // 8-bit digits over workgroup histograms, from the top (key bits 31..0, then ~position bits
 // 15..0), stopping as soon as the bin holding the k-th composite is taken whole (at the latest
 // on the last digit, where composites are unique). Same outputs as topk_gather (sel / sel_score
-// in no particular order, or the list topk_rank orders). Grid (1, rows); row_len <= CHUNK.
+// in no particular order, or the list topk_rank orders). Grid (1, rows); row_len <= WG * SMALL_N.
+const SMALL_ITEMS: u32 = 8u;
+const SMALL_MAX: u32 = 8192u; // WG * SMALL_ITEMS (the host's TOPK_SMALL_MAX)
+// Items per thread this pipeline loads (<= SMALL_ITEMS): 4 for rows up to 4096 (8 cost rows of
+// 2K positions ~2 us on the H200), 8 beyond; row_len <= WG * SMALL_N.
+override SMALL_N: u32 = 8u;
+
 fn small_digit(dg: u32, key: u32, pos: u32) -> u32 {
     if (dg < 4u) {
         return (key >> (24u - 8u * dg)) & 0xffu;
@@ -224,9 +230,9 @@ fn topk_small(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         return;
     }
     let valid = valid_len(row);
-    let keys = gather_keys(row, 0u, valid, lid);
     if (valid <= p.k) {
-        select_all_valid(row, 0u, valid, lid, true, keys);
+        // valid <= k <= 2048: the first ITEMS keys per thread hold the row.
+        select_all_valid(row, 0u, valid, lid, true, gather_keys(row, 0u, valid, lid));
         return;
     }
     if (lid == 0u) {
@@ -234,9 +240,11 @@ fn topk_small(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     }
     // Per thread, bit i: item i (position i * WG + lid) still in the k-th composite's bin
     // (live) or taken (chosen).
+    var keys: array<u32, SMALL_ITEMS>;
     var live = 0u;
     var chosen = 0u;
-    for (var i = 0u; i < ITEMS; i++) {
+    for (var i = 0u; i < SMALL_N; i++) {
+        keys[i] = score_key(row, min(i * WG + lid, valid - 1u));
         if (i * WG + lid < valid) {
             live |= 1u << i;
         }
@@ -247,7 +255,7 @@ fn topk_small(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
             atomicStore(&lh8[b], 0u);
         }
         workgroupBarrier();
-        for (var i = 0u; i < ITEMS; i++) {
+        for (var i = 0u; i < SMALL_N; i++) {
             if ((live & (1u << i)) != 0u) {
                 atomicAdd(&lh8[small_digit(dg, keys[i], i * WG + lid)], 1u);
             }
@@ -255,7 +263,7 @@ fn topk_small(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         workgroupBarrier();
         // (bin, composites still needed from it, composites in it), workgroup-uniform.
         let r = find_bin_local(need, lid);
-        for (var i = 0u; i < ITEMS; i++) {
+        for (var i = 0u; i < SMALL_N; i++) {
             if ((live & (1u << i)) != 0u) {
                 let d = small_digit(dg, keys[i], i * WG + lid);
                 if (d > r.x) {
@@ -273,7 +281,7 @@ fn topk_small(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
         }
     }
     var o = slots(countOneBits(chosen), 0u);
-    for (var i = 0u; i < ITEMS; i++) {
+    for (var i = 0u; i < SMALL_N; i++) {
         if ((chosen & (1u << i)) != 0u) {
             put(row, o, keys[i], i * WG + lid);
             o += 1u;

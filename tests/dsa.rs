@@ -295,7 +295,7 @@ fn indexer_awkward_shapes_simt_and_tiled_match_reference() {
 fn topk_radix_select_follows_the_tie_rule() {
     let Some(g) = gpu() else { return };
     let mut seed = 0;
-    for &(len, k) in &[(1usize, 1usize), (17, 16), (33, 1), (2060, 2048), (4096, 2048), (4095, 1000), (4097, 2048), (10000, 16), (70001, 2048), (9000, 2047)] {
+    for &(len, k) in &[(1usize, 1usize), (17, 16), (33, 1), (2060, 2048), (4096, 2048), (4095, 1000), (4097, 2048), (6001, 2048), (8192, 2047), (10000, 16), (70001, 2048), (9000, 2047)] {
         for kind in 0..4 {
             seed += 1;
             let mut v = random_vec(seed, len);

@@ -107,10 +107,15 @@ pub const TOPK_HIST_SG: Kernel = Kernel::new("topk_hist_sg", "topk_sg", "topk_hi
 pub const TOPK_GATHER_SG: Kernel = Kernel::new("topk_gather_sg", "topk_sg", "topk_gather").subgroups().unchecked();
 pub const TOPK_GATHER_SET_SG: Kernel =
     Kernel::new("topk_gather_set_sg", "topk_sg", "topk_gather").with_constants(&[("ORDERED", 0.0)]).subgroups().unchecked();
-/// Rows of at most TOPK_CHUNK positions in one workgroup and one dispatch (topk_sg.wgsl).
-pub const TOPK_SMALL_SG: Kernel = Kernel::new("topk_small_sg", "topk_sg", "topk_small").subgroups().unchecked();
-pub const TOPK_SMALL_SET_SG: Kernel =
-    Kernel::new("topk_small_set_sg", "topk_sg", "topk_small").with_constants(&[("ORDERED", 0.0)]).subgroups().unchecked();
+/// Rows of at most TOPK_SMALL_MAX positions in one workgroup and one dispatch (topk_sg.wgsl),
+/// ordered and as a set, 4 positions per thread (rows up to TOPK_CHUNK) or 8.
+pub const TOPK_SMALL_SG: Kernel = small_topk("topk_small_sg", &[("SMALL_N", 4.0)]);
+pub const TOPK_SMALL_SET_SG: Kernel = small_topk("topk_small_set_sg", &[("ORDERED", 0.0), ("SMALL_N", 4.0)]);
+pub const TOPK_SMALL8_SG: Kernel = small_topk("topk_small8_sg", &[("SMALL_N", 8.0)]);
+pub const TOPK_SMALL8_SET_SG: Kernel = small_topk("topk_small8_set_sg", &[("ORDERED", 0.0), ("SMALL_N", 8.0)]);
+const fn small_topk(name: &'static str, c: &'static [(&'static str, f64)]) -> Kernel {
+    Kernel::new(name, "topk_sg", "topk_small").with_constants(c).subgroups().unchecked()
+}
 /// Bench probe: an empty dispatch (launch and drain floor), see [`topk_probe`].
 pub const TOPK_NOOP: Kernel = Kernel::new("topk_noop", "topk", "topk_noop");
 // The decode-path MLA kernels run without wgpu's runtime checks (index clamping, forced loop
@@ -155,6 +160,8 @@ pub const KERNELS: &[Kernel] = &[
     TOPK_GATHER_SET_SG,
     TOPK_SMALL_SG,
     TOPK_SMALL_SET_SG,
+    TOPK_SMALL8_SG,
+    TOPK_SMALL8_SET_SG,
     TOPK_NOOP,
     MLA_ABSORB,
     MLA_ATTEND,
@@ -189,6 +196,8 @@ pub const MAX_TOPK: usize = 2048;
 pub const MAX_PAGES: usize = 16;
 /// Positions per top-k workgroup (topk.wgsl CHUNK).
 const TOPK_CHUNK: usize = 4096;
+/// Longest row `topk_small` selects alone (SMALL_MAX in topk_sg.wgsl).
+const TOPK_SMALL_MAX: usize = 8192;
 /// Selection entries ranked per workgroup (topk.wgsl RANK_E).
 const TOPK_RANK_E: usize = 8;
 /// Global histogram words per row (topk.wgsl / topk_sg.wgsl HSTRIDE: 4096 + 4096 bins).
@@ -798,8 +807,13 @@ fn topk_impl(
         (false, false) => (TOPK_HIST, TOPK_GATHER_SET),
     };
     // A row that one workgroup holds is selected in one dispatch (no global round trips).
-    let small = sg && row_len <= TOPK_CHUNK && TOPK_SMALL.load(std::sync::atomic::Ordering::Relaxed);
-    let small_kernel = if ordered { TOPK_SMALL_SG } else { TOPK_SMALL_SET_SG };
+    let small = sg && row_len <= TOPK_SMALL_MAX && TOPK_SMALL.load(std::sync::atomic::Ordering::Relaxed);
+    let small_kernel = match (ordered, row_len <= TOPK_CHUNK) {
+        (true, true) => TOPK_SMALL_SG,
+        (false, true) => TOPK_SMALL_SET_SG,
+        (true, false) => TOPK_SMALL8_SG,
+        (false, false) => TOPK_SMALL8_SET_SG,
+    };
     let all = vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score), (8, sc)];
     let steps: Vec<(Kernel, Vec<(u32, &wgpu::Buffer)>, u32)> = if small {
         vec![(small_kernel, vec![(0, &u), (1, scores), (5, list), (6, sel), (7, sel_score)], 1)]
