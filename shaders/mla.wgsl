@@ -335,13 +335,14 @@ fn mla_attend(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_in
 // mla_attend_tiled: grid (splits, ceil(H / 16), T); a workgroup owns 16 heads of a query and a
 // split of the selection, in blocks of 8 rows. Per block: the rows (loaded into registers one
 // block ahead, 16-byte loads, one page lookup per row) are widened to f32 in workgroup memory;
-// logits: thread (head, dim slice of 16) keeps its slice of q in registers (36 f32) and forms
-// partial dots for the 8 rows (each row vec4 read by a warp is shared by its 16 heads), which
-// 128 threads (head, row) sum; online softmax per head; p.c: thread (8 heads, 4 latent columns)
-// accumulates 32 values per row from one vec4 of the row and two of p. 5 barriers per block;
-// 28.5 KB of workgroup memory (fits 32 KiB adapters). On the H200 the logits are bound by
-// workgroup-memory bandwidth (a broadcast vec4 read still costs a full warp's 512 bytes, here for
-// 4 FMAs per lane): holding more heads' q per thread is the next step (docs/perf.md).
+// logits: thread (2 heads, dim slice of 16, half of the block's rows) keeps both heads' slices
+// of q in registers (72 f32) and forms partial dots for its 4 rows, every row vec4 it reads
+// serving 2 heads (one head per thread read each twice as often: 39.3 -> 36.9 us on the H200),
+// which 128 threads (head, row) sum; online softmax per head; p.c: thread (8 heads, 4 latent
+// columns) accumulates 32 values per row from one vec4 of the row and two of p. 5 barriers per
+// block; 28.5 KB of workgroup memory (fits 32 KiB adapters). On the H200 the logits are bound by
+// workgroup-memory reads (a broadcast vec4 read still costs a full warp's 512 bytes, here for 8
+// FMAs per lane; docs/perf.md).
 const HG: u32 = 16u;         // heads per workgroup
 const BR: u32 = 8u;          // selected rows per block
 const KS: u32 = 16u;         // dim slices of a logit
@@ -419,9 +420,12 @@ fn mla_attend_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     let per = ((n_sel + p.splits - 1u) / p.splits + BR - 1u) / BR * BR;
     let r0 = min(n_sel, split * per);
     let r1 = min(n_sel, r0 + per);
-    // Logit role: head h1, dim slice ks (vec4s ks + 16 j); softmax role (lid < 128): head h1, row sr1.
+    // Logit role: heads 2 hp and 2 hp + 1, dim slice ks (vec4s ks + 16 j), rows 4 rh .. 4 rh + 3;
+    // softmax role (lid < 128): head h1, row sr1.
+    let hp = lid % (HG / 2u);
+    let ks = (lid / (HG / 2u)) % 16u;
+    let rh = lid / (8u * HG);
     let h1 = lid % HG;
-    let ks = lid / HG;
     let sr1 = lid / HG;
     // Staging role: row sr, units su + 32 j.
     let sr = lid / 32u;
@@ -429,18 +433,29 @@ fn mla_attend_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     // p.c role: columns 4 cv..4 cv + 4 of heads 8 hq .. 8 hq + 8.
     let cv = lid % 128u;
     let hq = lid / 128u;
-    let qbase = (t * p.n_heads + h0 + h1) * (width / 4u);
-    let qok = h0 + h1 < p.n_heads;
     let wv = width / 4u;
-    let q0 = q_slice(qbase, ks, qok, wv);
-    let q1 = q_slice(qbase, ks + 16u, qok, wv);
-    let q2 = q_slice(qbase, ks + 32u, qok, wv);
-    let q3 = q_slice(qbase, ks + 48u, qok, wv);
-    let q4 = q_slice(qbase, ks + 64u, qok, wv);
-    let q5 = q_slice(qbase, ks + 80u, qok, wv);
-    let q6 = q_slice(qbase, ks + 96u, qok, wv);
-    let q7 = q_slice(qbase, ks + 112u, qok, wv);
-    let q8 = q_slice(qbase, ks + 128u, qok, wv);
+    let qa_base = (t * p.n_heads + h0 + 2u * hp) * wv;
+    let qa_ok = h0 + 2u * hp < p.n_heads;
+    let qb_base = qa_base + wv;
+    let qb_ok = h0 + 2u * hp + 1u < p.n_heads;
+    let qa0 = q_slice(qa_base, ks, qa_ok, wv);
+    let qa1 = q_slice(qa_base, ks + 16u, qa_ok, wv);
+    let qa2 = q_slice(qa_base, ks + 32u, qa_ok, wv);
+    let qa3 = q_slice(qa_base, ks + 48u, qa_ok, wv);
+    let qa4 = q_slice(qa_base, ks + 64u, qa_ok, wv);
+    let qa5 = q_slice(qa_base, ks + 80u, qa_ok, wv);
+    let qa6 = q_slice(qa_base, ks + 96u, qa_ok, wv);
+    let qa7 = q_slice(qa_base, ks + 112u, qa_ok, wv);
+    let qa8 = q_slice(qa_base, ks + 128u, qa_ok, wv);
+    let qb0 = q_slice(qb_base, ks, qb_ok, wv);
+    let qb1 = q_slice(qb_base, ks + 16u, qb_ok, wv);
+    let qb2 = q_slice(qb_base, ks + 32u, qb_ok, wv);
+    let qb3 = q_slice(qb_base, ks + 48u, qb_ok, wv);
+    let qb4 = q_slice(qb_base, ks + 64u, qb_ok, wv);
+    let qb5 = q_slice(qb_base, ks + 80u, qb_ok, wv);
+    let qb6 = q_slice(qb_base, ks + 96u, qb_ok, wv);
+    let qb7 = q_slice(qb_base, ks + 112u, qb_ok, wv);
+    let qb8 = q_slice(qb_base, ks + 128u, qb_ok, wv);
     // Selection entries are read one block ahead of their lookup, rows one block ahead of use.
     var pos_ahead = NONE;
     if (lid < BR) {
@@ -474,12 +489,22 @@ fn mla_attend_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         x0 = row_unit(1u - slot, sr, su, units);
         x1 = row_unit(1u - slot, sr, su + 32u, units);
         x2 = row_unit(1u - slot, sr, su + 64u, units);
-        for (var r = 0u; r < BR; r++) {
+        for (var r = rh * (BR / 2u); r < (rh + 1u) * (BR / 2u); r++) {
             let rb = r * ROW_V + ks;
-            let s = q0 * rows_f[rb] + q1 * rows_f[rb + 16u] + q2 * rows_f[rb + 32u] + q3 * rows_f[rb + 48u]
-                + q4 * rows_f[rb + 64u] + q5 * rows_f[rb + 80u] + q6 * rows_f[rb + 96u] + q7 * rows_f[rb + 112u]
-                + q8 * rows_f[rb + 128u];
-            part_l[r * PL_STRIDE + lid] = (s.x + s.y) + (s.z + s.w);
+            let y0 = rows_f[rb];
+            let y1 = rows_f[rb + 16u];
+            let y2 = rows_f[rb + 32u];
+            let y3 = rows_f[rb + 48u];
+            let y4 = rows_f[rb + 64u];
+            let y5 = rows_f[rb + 80u];
+            let y6 = rows_f[rb + 96u];
+            let y7 = rows_f[rb + 112u];
+            let y8 = rows_f[rb + 128u];
+            let sa = qa0 * y0 + qa1 * y1 + qa2 * y2 + qa3 * y3 + qa4 * y4 + qa5 * y5 + qa6 * y6 + qa7 * y7 + qa8 * y8;
+            let sb = qb0 * y0 + qb1 * y1 + qb2 * y2 + qb3 * y3 + qb4 * y4 + qb5 * y5 + qb6 * y6 + qb7 * y7 + qb8 * y8;
+            let at = r * PL_STRIDE + ks * HG + 2u * hp;
+            part_l[at] = (sa.x + sa.y) + (sa.z + sa.w);
+            part_l[at + 1u] = (sb.x + sb.y) + (sb.z + sb.w);
         }
         workgroupBarrier();
         if (lid < BR * HG) {
