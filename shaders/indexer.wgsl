@@ -9,6 +9,8 @@
 // index_scores: one workgroup scores TILE = 64 positions for one query (workgroup_id.y): thread
 // (g, p) takes position p and heads 8g..8g+7 (zero-padded past IH) in two vec4 accumulators, so
 // no private array is indexed dynamically (that spilled to local memory: 5 ms at 1M on the H200).
+// TILE = 32 (a pipeline constant; IH % 8 == 0): 8 groups of 4 heads, one accumulator, twice the
+// workgroups for short rows.
 // index_scores_tiled (below): the same contract and preconditions, register-tiled.
 
 struct IndexParams {
@@ -24,8 +26,11 @@ struct IndexParams {
 
 override IH: u32 = 32u;
 override ID: u32 = 128u;
-const TILE: u32 = 64u;
+override TILE: u32 = 64u;
 const WG: u32 = 256u;
+// Head groups and q slots per group of index_scores (4 x 8 or 8 x 4).
+override GROUPS: u32 = WG / TILE;
+override SLOTS: u32 = 32u / GROUPS;
 
 @group(0) @binding(0) var<uniform> p: IndexParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
@@ -57,11 +62,11 @@ fn hdot(h: u32, c: u32, ka: vec4<f32>, kb: vec4<f32>) -> f32 {
 @compute @workgroup_size(256)
 fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wg.y;
-    let hp = IH / 4u; // heads per group
+    let hp = IH / GROUPS; // heads per group
     for (var i = lid; i < 32u * (ID / 4u); i += WG) {
         let slot = i / (ID / 4u);
-        let g = slot / 8u;
-        let hh = slot % 8u;
+        let g = slot / SLOTS;
+        let hh = slot % SLOTS;
         var v = vec4<f32>(0.0);
         if (hh < hp) {
             v = q[t * (IH * ID / 4u) + (g * hp + hh) * (ID / 4u) + i % (ID / 4u)];
@@ -69,8 +74,8 @@ fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         qs[i] = v;
     }
     if (lid < 32u) {
-        let g = lid / 8u;
-        let hh = lid % 8u;
+        let g = lid / SLOTS;
+        let hh = lid % SLOTS;
         ws[lid] = select(0.0, w[t * IH + g * hp + hh] * p.w_scale, hh < hp);
     }
     workgroupBarrier();
@@ -81,7 +86,7 @@ fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     if (pos < p.n_pos && pos <= p.q_pos0 + t) {
         let at = locate(pos);
         let base = at.y * (ID / 8u);
-        let h0 = g * 8u;
+        let h0 = g * SLOTS;
         var a0 = vec4<f32>(0.0);
         var a1 = vec4<f32>(0.0);
         for (var c = 0u; c < ID / 8u; c++) {
@@ -89,16 +94,25 @@ fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
             let ka = vec4<f32>(lo(kw.x), hi(kw.x), lo(kw.y), hi(kw.y));
             let kb = vec4<f32>(lo(kw.z), hi(kw.z), lo(kw.w), hi(kw.w));
             a0 += vec4<f32>(hdot(h0, c, ka, kb), hdot(h0 + 1u, c, ka, kb), hdot(h0 + 2u, c, ka, kb), hdot(h0 + 3u, c, ka, kb));
-            a1 += vec4<f32>(hdot(h0 + 4u, c, ka, kb), hdot(h0 + 5u, c, ka, kb), hdot(h0 + 6u, c, ka, kb), hdot(h0 + 7u, c, ka, kb));
+            if (SLOTS == 8u) {
+                a1 += vec4<f32>(hdot(h0 + 4u, c, ka, kb), hdot(h0 + 5u, c, ka, kb), hdot(h0 + 6u, c, ka, kb), hdot(h0 + 7u, c, ka, kb));
+            }
         }
         let w0 = vec4<f32>(ws[h0], ws[h0 + 1u], ws[h0 + 2u], ws[h0 + 3u]);
-        let w1 = vec4<f32>(ws[h0 + 4u], ws[h0 + 5u], ws[h0 + 6u], ws[h0 + 7u]);
-        score = dot(w0, max(a0, vec4<f32>(0.0))) + dot(w1, max(a1, vec4<f32>(0.0)));
+        score = dot(w0, max(a0, vec4<f32>(0.0)));
+        if (SLOTS == 8u) {
+            let w1 = vec4<f32>(ws[h0 + 4u], ws[h0 + 5u], ws[h0 + 6u], ws[h0 + 7u]);
+            score += dot(w1, max(a1, vec4<f32>(0.0)));
+        }
     }
     part[lid] = score;
     workgroupBarrier();
     if (g == 0u) {
-        put_score(t, pos, part[pl] + part[pl + TILE] + part[pl + 2u * TILE] + part[pl + 3u * TILE]);
+        var total = 0.0;
+        for (var k = 0u; k < GROUPS; k++) {
+            total += part[pl + k * TILE];
+        }
+        put_score(t, pos, total);
     }
 }
 

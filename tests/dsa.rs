@@ -240,6 +240,9 @@ fn indexer_k31_shape_every_variant_matches_reference() {
     let variants = [dsa::IndexVariant::Simt, dsa::IndexVariant::Auto, dsa::IndexVariant::Tiled];
     let mut indexers: Vec<Indexer> = variants.map(Indexer::Variant).into();
     indexers.push(Indexer::Kernel(dsa::INDEX_SCORES_TILED_T64));
+    // Both SIMT tilings whatever the length rule picks.
+    indexers.push(Indexer::Kernel(dsa::INDEX_SCORES_K31));
+    indexers.push(Indexer::Kernel(dsa::INDEX_SCORES_K31_T32));
     if dsa::coop_indexer_available(&g, ih, id) {
         indexers.push(Indexer::Variant(dsa::IndexVariant::Coop));
     }

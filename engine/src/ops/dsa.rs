@@ -53,6 +53,10 @@ shader_params!(
 /// large enough; workgroup-memory indices are bounded by the constants.
 pub const INDEX_SCORES_K31: Kernel =
     Kernel::new("index_scores_32x128", "indexer", "index_scores").with_constants(&[("IH", 32.0), ("ID", 128.0)]).unchecked();
+/// [`INDEX_SCORES_K31`] on 32-position tiles (8 head groups of 4): twice the workgroups.
+pub const INDEX_SCORES_K31_T32: Kernel = Kernel::new("index_scores_32x128_t32", "indexer", "index_scores")
+    .with_constants(&[("IH", 32.0), ("ID", 128.0), ("TILE", 32.0)])
+    .unchecked();
 /// Bench diagnostic: the scan's key reads alone (indexer.wgsl `index_keys_probe`), K3.1 rows.
 pub const INDEX_KEYS_PROBE: Kernel =
     Kernel::new("index_keys_probe", "indexer", "index_keys_probe").with_constants(&[("IH", 32.0), ("ID", 128.0)]).unchecked();
@@ -144,6 +148,7 @@ pub const GLOBAL_PREP: Kernel = Kernel::new("global_prep", "global_prep", "globa
 
 pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_K31,
+    INDEX_SCORES_K31_T32,
     INDEX_SCORES_4X32,
     INDEX_SCORES_TILED_K31,
     INDEX_SCORES_TILED_4X32,
@@ -251,9 +256,10 @@ fn index_kernel_of(entry: &'static str, heads: usize, head_dim: usize) -> Result
 }
 
 /// Positions per workgroup of an indexer kernel: TW / 2 for the tiled one (every tiled kernel
-/// names TW), 64 for the others.
+/// names TW), TILE where a SIMT kernel names it, 64 for the others.
 fn index_tile(kernel: &Kernel) -> usize {
-    kernel.constants.iter().find(|(name, _)| *name == "TW").map_or(64, |&(_, tw)| tw as usize / 2)
+    let constant = |n: &str| kernel.constants.iter().find(|(name, _)| *name == n).map(|&(_, v)| v as usize);
+    constant("TILE").or(constant("TW").map(|tw| tw / 2)).unwrap_or(64)
 }
 
 fn shape_err(msg: String) -> GpuError {
@@ -496,7 +502,8 @@ pub enum IndexVariant {
     /// from there. `K31_DSA_COOP=1` picks coop where the adapter has it, `K31_DSA_INDEX=simt` or
     /// `tiled` that kernel at every length.
     Auto,
-    /// f32 SIMT (indexer.wgsl `index_scores`): every adapter, every supported shape.
+    /// f32 SIMT (indexer.wgsl `index_scores`): every adapter, every supported shape (32-position
+    /// tiles below [`SHORT_INDEX_MAX_POS`] for 32 x 128, 64 otherwise).
     Simt,
     /// f32 SIMT register-tiled (indexer.wgsl `index_scores_tiled`): every adapter, every
     /// supported shape.
@@ -549,6 +556,12 @@ pub fn index_scores(
 ) -> Result<(), GpuError> {
     index_scores_variant(gpu, enc, IndexVariant::Auto, keys, heads, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
 }
+
+/// Rows shorter than this run the SIMT indexer on 32-position tiles (K3.1's 32 x 128; twice the
+/// workgroups of 64-position tiles, which a row of a few thousand positions leaves idle). H200
+/// (2026-11-30, fourteenth session, model bench): 18.3-18.7 -> 17.0-17.1 us in-pass at a 2K
+/// context, 18.5 against 18.7 at 6K.
+pub const SHORT_INDEX_MAX_POS: usize = 4096;
 
 /// Row length from which [`IndexVariant::Auto`] runs the tiled indexer instead of SIMT. H200
 /// (2026-11-30, thirteenth session, `dsa --indexer`): tiled 13.1 / 17.8 / 50.8 / 191 / 771 us at
@@ -612,6 +625,7 @@ pub fn index_scores_variant(
     };
     let kernel = match variant {
         // (`auto_index` never returns Auto.)
+        IndexVariant::Auto | IndexVariant::Simt if n_pos < SHORT_INDEX_MAX_POS && (heads, id) == (32, 128) => INDEX_SCORES_K31_T32,
         IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
         IndexVariant::Tiled => index_kernel_tiled(heads, id)?,
         IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
