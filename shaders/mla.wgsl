@@ -394,6 +394,35 @@ fn q_slice(base: u32, v: u32, ok: bool, width_v: u32) -> vec4<f32> {
     return x;
 }
 
+// One logit thread's dim slice (vec4s ks + 16 j, j < 9) of a q row or a staged row, as named
+// values (arrays indexed in loops spilled on the NVIDIA compile).
+struct Slices {
+    v0: vec4<f32>,
+    v1: vec4<f32>,
+    v2: vec4<f32>,
+    v3: vec4<f32>,
+    v4: vec4<f32>,
+    v5: vec4<f32>,
+    v6: vec4<f32>,
+    v7: vec4<f32>,
+    v8: vec4<f32>,
+}
+
+fn q_slices(base: u32, ks: u32, ok: bool, width_v: u32) -> Slices {
+    return Slices(q_slice(base, ks, ok, width_v), q_slice(base, ks + 16u, ok, width_v), q_slice(base, ks + 32u, ok, width_v),
+        q_slice(base, ks + 48u, ok, width_v), q_slice(base, ks + 64u, ok, width_v), q_slice(base, ks + 80u, ok, width_v),
+        q_slice(base, ks + 96u, ok, width_v), q_slice(base, ks + 112u, ok, width_v), q_slice(base, ks + 128u, ok, width_v));
+}
+
+fn row_slices(rb: u32) -> Slices {
+    return Slices(rows_f[rb], rows_f[rb + 16u], rows_f[rb + 32u], rows_f[rb + 48u], rows_f[rb + 64u], rows_f[rb + 80u],
+        rows_f[rb + 96u], rows_f[rb + 112u], rows_f[rb + 128u]);
+}
+
+fn slice_dot(q: Slices, y: Slices) -> vec4<f32> {
+    return q.v0 * y.v0 + q.v1 * y.v1 + q.v2 * y.v2 + q.v3 * y.v3 + q.v4 * y.v4 + q.v5 * y.v5 + q.v6 * y.v6 + q.v7 * y.v7 + q.v8 * y.v8;
+}
+
 fn put_partial(t: u32, head: u32, split: u32, cv: u32, r4v: u32, a: vec4<f32>, ml: vec2<f32>) {
     if (head >= p.n_heads) {
         return;
@@ -438,24 +467,8 @@ fn mla_attend_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
     let qa_ok = h0 + 2u * hp < p.n_heads;
     let qb_base = qa_base + wv;
     let qb_ok = h0 + 2u * hp + 1u < p.n_heads;
-    let qa0 = q_slice(qa_base, ks, qa_ok, wv);
-    let qa1 = q_slice(qa_base, ks + 16u, qa_ok, wv);
-    let qa2 = q_slice(qa_base, ks + 32u, qa_ok, wv);
-    let qa3 = q_slice(qa_base, ks + 48u, qa_ok, wv);
-    let qa4 = q_slice(qa_base, ks + 64u, qa_ok, wv);
-    let qa5 = q_slice(qa_base, ks + 80u, qa_ok, wv);
-    let qa6 = q_slice(qa_base, ks + 96u, qa_ok, wv);
-    let qa7 = q_slice(qa_base, ks + 112u, qa_ok, wv);
-    let qa8 = q_slice(qa_base, ks + 128u, qa_ok, wv);
-    let qb0 = q_slice(qb_base, ks, qb_ok, wv);
-    let qb1 = q_slice(qb_base, ks + 16u, qb_ok, wv);
-    let qb2 = q_slice(qb_base, ks + 32u, qb_ok, wv);
-    let qb3 = q_slice(qb_base, ks + 48u, qb_ok, wv);
-    let qb4 = q_slice(qb_base, ks + 64u, qb_ok, wv);
-    let qb5 = q_slice(qb_base, ks + 80u, qb_ok, wv);
-    let qb6 = q_slice(qb_base, ks + 96u, qb_ok, wv);
-    let qb7 = q_slice(qb_base, ks + 112u, qb_ok, wv);
-    let qb8 = q_slice(qb_base, ks + 128u, qb_ok, wv);
+    let qa = q_slices(qa_base, ks, qa_ok, wv);
+    let qb = q_slices(qb_base, ks, qb_ok, wv);
     // Selection entries are read one block ahead of their lookup, rows one block ahead of use.
     var pos_ahead = NONE;
     if (lid < BR) {
@@ -491,17 +504,9 @@ fn mla_attend_tiled(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocat
         x2 = row_unit(1u - slot, sr, su + 64u, units);
         for (var r = rh * (BR / 2u); r < (rh + 1u) * (BR / 2u); r++) {
             let rb = r * ROW_V + ks;
-            let y0 = rows_f[rb];
-            let y1 = rows_f[rb + 16u];
-            let y2 = rows_f[rb + 32u];
-            let y3 = rows_f[rb + 48u];
-            let y4 = rows_f[rb + 64u];
-            let y5 = rows_f[rb + 80u];
-            let y6 = rows_f[rb + 96u];
-            let y7 = rows_f[rb + 112u];
-            let y8 = rows_f[rb + 128u];
-            let sa = qa0 * y0 + qa1 * y1 + qa2 * y2 + qa3 * y3 + qa4 * y4 + qa5 * y5 + qa6 * y6 + qa7 * y7 + qa8 * y8;
-            let sb = qb0 * y0 + qb1 * y1 + qb2 * y2 + qb3 * y3 + qb4 * y4 + qb5 * y5 + qb6 * y6 + qb7 * y7 + qb8 * y8;
+            let y = row_slices(rb);
+            let sa = slice_dot(qa, y);
+            let sb = slice_dot(qb, y);
             let at = r * PL_STRIDE + ks * HG + 2u * hp;
             part_l[at] = (sa.x + sa.y) + (sa.z + sa.w);
             part_l[at + 1u] = (sb.x + sb.y) + (sb.z + sb.w);

@@ -49,6 +49,15 @@ fn scan_slot(lid: u32) -> u32 {
     return sg_vi;
 }
 
+// Records the invocation's subgroup builtins in the private sg_* (entry points call it first).
+fn set_subgroup(sid: u32, ssz: u32, sgi: u32, nsg: u32) {
+    sg_lane = sid;
+    sg_size = ssz;
+    sg_id = sgi;
+    sg_num = nsg;
+    sg_vi = sgi * ssz + sid;
+}
+
 // Exclusive prefix sum of v over the workgroup in the order (subgroup id, lane) = sg_vi:
 // (exclusive prefix, total). Uniform control flow, full subgroups. Subgroup scans, one total
 // per subgroup in workgroup memory, two barriers.
@@ -114,11 +123,7 @@ fn slots(v: u32, ctr: u32) -> u32 {
 fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
                @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssz: u32, @builtin(subgroup_id) sgi: u32,
                @builtin(num_subgroups) nsg: u32) {
-    sg_lane = sid;
-    sg_size = ssz;
-    sg_id = sgi;
-    sg_num = nsg;
-    sg_vi = sgi * ssz + sid;
+    set_subgroup(sid, ssz, sgi, nsg);
     let row = row_of(wg, nwg);
     if (row >= p.n_rows) {
         return;
@@ -220,11 +225,7 @@ fn small_digit(dg: u32, key: u32, pos: u32) -> u32 {
 fn topk_small(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>, @builtin(local_invocation_index) lid: u32,
               @builtin(subgroup_invocation_id) sid: u32, @builtin(subgroup_size) ssz: u32, @builtin(subgroup_id) sgi: u32,
               @builtin(num_subgroups) nsg: u32) {
-    sg_lane = sid;
-    sg_size = ssz;
-    sg_id = sgi;
-    sg_num = nsg;
-    sg_vi = sgi * ssz + sid;
+    set_subgroup(sid, ssz, sgi, nsg);
     let row = row_of(wg, nwg);
     if (row >= p.n_rows) {
         return;

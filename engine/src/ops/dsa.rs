@@ -828,14 +828,13 @@ fn topk_impl(
         (true, false) => TOPK_SMALL8_SG,
         (false, false) => TOPK_SMALL8_SET_SG,
     };
-    let all = vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score), (8, sc)];
     let steps: Vec<(Kernel, Vec<(u32, &wgpu::Buffer)>, u32)> = if small {
         vec![(small_kernel, vec![(0, &u), (1, scores), (5, list), (6, sel), (7, sel_score)], 1)]
     } else {
         vec![
             (hist, vec![(0, &u), (1, scores), (2, sc), (3, st)], chunks),
             // Bindings 2 and 8 are the same buffer, atomic and plain (topk.wgsl `histp`).
-            (gather, all, chunks),
+            (gather, vec![(0, &u), (1, scores), (2, sc), (3, st), (4, cand), (5, list), (6, sel), (7, sel_score), (8, sc)], chunks),
         ]
     }
     .into_iter()
