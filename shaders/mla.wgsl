@@ -613,8 +613,7 @@ fn pre_term(w: vec4<u32>, u: u32, units: u32) -> f32 {
 }
 
 fn out_term(row: u32, u: u32, units: u32) -> f32 {
-    let uc = min(u, units - 1u);
-    return select(0.0, unit_dot(wkv_unit(row, uc), obar[2u * uc], obar[2u * uc + 1u]), u < units);
+    return pre_term(wkv_unit(row, min(u, units - 1u)), u, units);
 }
 
 @compute @workgroup_size(256)

@@ -201,15 +201,14 @@ fn topk_gather(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     finish_boundary(row, lid, nb, ncand, small, r2.y, p.k - r2.y, b1, b2);
 }
 
-// topk_small: a row of at most SMALL_MAX positions in ONE workgroup and one dispatch (decode at
+// topk_small: a row of at most WG * SMALL_N positions in ONE workgroup and one dispatch (decode at
 // short contexts, where topk_hist + topk_gather's dependent global round trips cost more than
 // the select itself). Exact radix select of the k largest composites (key, ~position) in
 // 8-bit digits over workgroup histograms, from the top (key bits 31..0, then ~position bits
 // 15..0), stopping as soon as the bin holding the k-th composite is taken whole (at the latest
 // on the last digit, where composites are unique). Same outputs as topk_gather (sel / sel_score
 // in no particular order, or the list topk_rank orders). Grid (1, rows); row_len <= WG * SMALL_N.
-const SMALL_ITEMS: u32 = 8u;
-const SMALL_MAX: u32 = 8192u; // WG * SMALL_ITEMS (the host's TOPK_SMALL_MAX)
+const SMALL_ITEMS: u32 = 8u; // WG * SMALL_ITEMS positions at most (the host's TOPK_SMALL_MAX)
 // Items per thread this pipeline loads (<= SMALL_ITEMS): 4 for rows up to 4096 (8 cost rows of
 // 2K positions ~2 us on the H200), 8 beyond; row_len <= WG * SMALL_N.
 override SMALL_N: u32 = 8u;

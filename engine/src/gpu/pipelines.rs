@@ -35,6 +35,10 @@ impl Kernel {
         self.constants = constants;
         self
     }
+    /// The value of override constant `name` this variant sets, if it sets it.
+    pub fn constant(&self, name: &str) -> Option<f64> {
+        self.constants.iter().find(|(n, _)| *n == name).map(|&(_, v)| v)
+    }
     pub const fn subgroups(mut self) -> Kernel {
         self.needs_subgroups = true;
         self

@@ -201,7 +201,7 @@ pub const MAX_TOPK: usize = 2048;
 pub const MAX_PAGES: usize = 16;
 /// Positions per top-k workgroup (topk.wgsl CHUNK).
 const TOPK_CHUNK: usize = 4096;
-/// Longest row `topk_small` selects alone (SMALL_MAX in topk_sg.wgsl).
+/// Longest row `topk_small` selects alone (topk_sg.wgsl WG * SMALL_ITEMS).
 const TOPK_SMALL_MAX: usize = 8192;
 /// Selection entries ranked per workgroup (topk.wgsl RANK_E).
 const TOPK_RANK_E: usize = 8;
@@ -258,8 +258,7 @@ fn index_kernel_of(entry: &'static str, heads: usize, head_dim: usize) -> Result
 /// Positions per workgroup of an indexer kernel: TW / 2 for the tiled one (every tiled kernel
 /// names TW), TILE where a SIMT kernel names it, 64 for the others.
 fn index_tile(kernel: &Kernel) -> usize {
-    let constant = |n: &str| kernel.constants.iter().find(|(name, _)| *name == n).map(|&(_, v)| v as usize);
-    constant("TILE").or(constant("TW").map(|tw| tw / 2)).unwrap_or(64)
+    kernel.constant("TILE").or(kernel.constant("TW").map(|tw| tw / 2.0)).map_or(64, |t| t as usize)
 }
 
 fn shape_err(msg: String) -> GpuError {

@@ -147,30 +147,46 @@ pub(crate) fn dispatch<P: bytemuck::Pod>(
     gpu.dispatch(enc, kernel, params, buffers, groups, profiler)
 }
 
-/// One pair of decode kernels (up stage, down stage) and the weight rows each workgroup covers.
+/// One pair of decode kernels (up stage, down stage).
 #[derive(Clone, Copy, Debug)]
 pub struct DecodeKernels {
     pub name: &'static str,
     pub up: Kernel,
     pub down: Kernel,
-    pub up_rows: u32,
-    pub down_rows: u32,
+}
+
+impl DecodeKernels {
+    /// Weight rows each stage-1 workgroup covers.
+    pub fn up_rows(&self) -> u32 {
+        rows_per_workgroup(&self.up)
+    }
+
+    /// Weight rows each stage-2 workgroup covers.
+    pub fn down_rows(&self) -> u32 {
+        rows_per_workgroup(&self.down)
+    }
+}
+
+/// Rows per workgroup of a decode kernel, from its constants: RPW2 (moe_sg.wgsl) or ROWS
+/// (moe.wgsl, whose default is 2).
+fn rows_per_workgroup(k: &Kernel) -> u32 {
+    k.constant("RPW2").or(k.constant("ROWS")).unwrap_or(2.0) as u32
 }
 
 /// Shared-memory kernels (every adapter), `ROWS` = 2 / 1 / 4.
 pub const DECODE_SHARED: DecodeKernels =
-    DecodeKernels { name: "shared r2", up: EXPERT_UP_MXFP4, down: EXPERT_DOWN_MXFP4, up_rows: 2, down_rows: 2 };
+    DecodeKernels { name: "shared r2", up: EXPERT_UP_MXFP4, down: EXPERT_DOWN_MXFP4 };
 pub const DECODE_R1: DecodeKernels =
-    DecodeKernels { name: "shared r1", up: EXPERT_UP_MXFP4_R1, down: EXPERT_DOWN_MXFP4_R1, up_rows: 1, down_rows: 1 };
+    DecodeKernels { name: "shared r1", up: EXPERT_UP_MXFP4_R1, down: EXPERT_DOWN_MXFP4_R1 };
 pub const DECODE_R4: DecodeKernels =
-    DecodeKernels { name: "shared r4", up: EXPERT_UP_MXFP4_R4, down: EXPERT_DOWN_MXFP4_R4, up_rows: 4, down_rows: 4 };
+    DecodeKernels { name: "shared r4", up: EXPERT_UP_MXFP4_R4, down: EXPERT_DOWN_MXFP4_R4 };
 /// Subgroup kernels with the paired-f16 nibble decode, activations read group-transposed
 /// (coalesced across lanes) and experts spread over subgroups in stage 2.
 pub const DECODE_SGT: DecodeKernels =
-    DecodeKernels { name: "sgt", up: EXPERT_UP_MXFP4_SGT, down: EXPERT_DOWN_MXFP4_SGT, up_rows: 96, down_rows: 4 };
+    DecodeKernels { name: "sgt", up: EXPERT_UP_MXFP4_SGT, down: EXPERT_DOWN_MXFP4_SGT };
 /// [`DECODE_SGT`] for any expert width (stage 1 reads z in place).
 pub const DECODE_SGT_WIDE: DecodeKernels =
-    DecodeKernels { name: "sgt wide", up: EXPERT_UP_MXFP4_SGT_WIDE, down: EXPERT_DOWN_MXFP4_SGT, up_rows: 64, down_rows: 4 };
+    DecodeKernels { name: "sgt wide", up: EXPERT_UP_MXFP4_SGT_WIDE, down: EXPERT_DOWN_MXFP4_SGT };
 /// Every MXFP4 decode variant, for tests and benches.
 pub const DECODE_VARIANTS: &[DecodeKernels] =
     &[DECODE_SHARED, DECODE_R1, DECODE_R4, DECODE_SGT, DECODE_SGT_WIDE];
@@ -282,7 +298,7 @@ pub fn experts_decode(
     need(y, t * n_in * 4, "y")?;
     let k_sel = match store.layout.format {
         ExpertFormat::Mxfp4 => kernels.unwrap_or_else(|| decode_default(gpu, &store.layout)),
-        ExpertFormat::Bf16 => DecodeKernels { name: "bf16", up: EXPERT_UP_BF16, down: EXPERT_DOWN_BF16, up_rows: 2, down_rows: 2 },
+        ExpertFormat::Bf16 => DecodeKernels { name: "bf16", up: EXPERT_UP_BF16, down: EXPERT_DOWN_BF16 },
     };
     // The subgroup kernels (moe_sg.wgsl, the only ones that need subgroups) keep stage-2
     // partial sums in a 2048-float workgroup array, read scale bytes through binding 7 and
@@ -291,8 +307,8 @@ pub fn experts_decode(
     if !decode_supported(gpu, &store.layout, &k_sel) {
         return Err(GpuError::Shape(format!("experts: decode kernels {} do not run here at expert width {n_in}", k_sel.name)));
     }
-    if sg && k * k_sel.down_rows as usize > 2048 {
-        return Err(GpuError::Shape(format!("experts: top_k {k} x {} rows exceeds the stage-2 workgroup buffer", k_sel.down_rows)));
+    if sg && k * k_sel.down_rows() as usize > 2048 {
+        return Err(GpuError::Shape(format!("experts: top_k {k} x {} rows exceeds the stage-2 workgroup buffer", k_sel.down_rows())));
     }
     let pairs = (t * k) as u32;
     dispatch(
@@ -301,7 +317,7 @@ pub fn experts_decode(
         &k_sel.up,
         &p,
         &with_scales(sg, &[(1, &store.pool), (2, &store.table), (3, idx), (5, z), (6, h)], &store.pool),
-        ((n_mid as u32).div_ceil(k_sel.up_rows), pairs),
+        ((n_mid as u32).div_ceil(k_sel.up_rows()), pairs),
         profiler.as_deref_mut(),
     )?;
     dispatch(
@@ -310,7 +326,7 @@ pub fn experts_decode(
         &k_sel.down,
         &p,
         &with_scales(sg, &[(1, &store.pool), (2, &store.table), (3, idx), (4, wts), (5, h), (6, y)], &store.pool),
-        ((n_in as u32).div_ceil(k_sel.down_rows), t as u32),
+        ((n_in as u32).div_ceil(k_sel.down_rows()), t as u32),
         profiler,
     )
 }
