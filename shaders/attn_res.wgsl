@@ -50,6 +50,8 @@ var<workgroup> red: array<f32, 4352>; // sums: [2, WG]; mix: partials, then tota
 var<workgroup> weights: array<f32, 17>;
 // Columns per thread per step of the sums pass.
 const COLS: u32 = 4u;
+// Bank entries the mix pass loads up front (b0..b7).
+const PREFETCH: u32 = 8u;
 
 fn bf16_of(word: u32, i: u32) -> f32 {
     return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
@@ -160,8 +162,20 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     let n = p.n_bank + 1u;
     let nc = chunks();
     let np = partials_per_chunk(n);
-    // This thread's current partial, loaded before anything waits.
-    let cv = current(t, min(wg.x * WG + lid, p.d - 1u));
+    // This thread's current partial and first PREFETCH bank entries (clamped), loaded before
+    // anything waits: their latency overlaps the partial sums' loads and the softmax.
+    let i = min(wg.x * WG + lid, p.d - 1u);
+    let cv = current(t, i);
+    let last = max(p.n_bank, 1u) - 1u;
+    let row = t * p.d + i;
+    let b0 = bank[min(0u, last) * p.bank_stride + row];
+    let b1 = bank[min(1u, last) * p.bank_stride + row];
+    let b2 = bank[min(2u, last) * p.bank_stride + row];
+    let b3 = bank[min(3u, last) * p.bank_stride + row];
+    let b4 = bank[min(4u, last) * p.bank_stride + row];
+    let b5 = bank[min(5u, last) * p.bank_stride + row];
+    let b6 = bank[min(6u, last) * p.bank_stride + row];
+    let b7 = bank[min(7u, last) * p.bank_stride + row];
     // Partial sums into workgroup memory, then each total summed over the chunks in a fixed
     // order (the same in every workgroup, so all of them mix with identical weights).
     let base = p.tokens * n + t * nc * np;
@@ -213,12 +227,35 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
     workgroupBarrier();
     let inv = select(1.0, weights[MAX_SOURCES], p.norm != 0u);
-    let i = min(wg.x * WG + lid, p.d - 1u);
-    // Over the n sources only: a loop unrolled over MAX_SOURCES with clamped loads cost ~2.5 us
-    // per call on an H200 (0.5 ms per token over the full model).
+    // Over the n sources only (uniform branches; a loop unrolled over MAX_SOURCES with
+    // clamped loads and selects cost ~2.5 us per call on an H200).
     var acc = weights[n - 1u] * cv;
-    for (var j = 0u; j < p.n_bank; j++) {
-        acc += weights[j] * bank[j * p.bank_stride + t * p.d + i];
+    if (p.n_bank > 0u) {
+        acc += weights[0] * b0;
+    }
+    if (p.n_bank > 1u) {
+        acc += weights[1] * b1;
+    }
+    if (p.n_bank > 2u) {
+        acc += weights[2] * b2;
+    }
+    if (p.n_bank > 3u) {
+        acc += weights[3] * b3;
+    }
+    if (p.n_bank > 4u) {
+        acc += weights[4] * b4;
+    }
+    if (p.n_bank > 5u) {
+        acc += weights[5] * b5;
+    }
+    if (p.n_bank > 6u) {
+        acc += weights[6] * b6;
+    }
+    if (p.n_bank > 7u) {
+        acc += weights[7] * b7;
+    }
+    for (var j = PREFETCH; j < p.n_bank; j++) {
+        acc += weights[j] * bank[j * p.bank_stride + row];
     }
     if (p.norm != 0u) {
         acc = acc * inv * bf16_of(norm_w[i >> 1u], i);
