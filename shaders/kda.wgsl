@@ -283,17 +283,26 @@ fn decode_prologue(h: u32, tile: u32, lid: u32) {
     }
 }
 
-@compute @workgroup_size(DWG)
-fn kda_decode_t(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(local_invocation_index) lid: u32,
-) {
+// What a tile's decode leaves for its epilogue: o of column vec4 col4 of head h, in the
+// threads that own it (`owner`: row group 0 of a live column); `valid` is false for the
+// grid's spare workgroups (workgroup-uniform).
+struct TileOut {
+    valid: bool,
+    owner: bool,
+    h: u32,
+    col4: u32,
+    c4: u32,
+    o: vec4<f32>,
+}
+
+// The tiled decode of one workgroup's (head, column tile): the state update written back, o
+// returned to the column owners.
+fn decode_tile(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> TileOut {
     let dk4 = p.dk / 4u;
     let tiles = (dk4 + TC4 - 1u) / TC4;
     let id = wg.x + wg.y * nwg.x;
     if (id >= p.heads * tiles) {
-        return;
+        return TileOut(false, false, 0u, 0u, 0u, vec4<f32>(0.0));
     }
     let h = id / tiles;
     let tile = id % tiles;
@@ -345,15 +354,8 @@ fn kda_decode_t(
     let rq = inverseSqrt(tn.y + 1e-6) * p.scale;
     let vv = vec4<f32>(sh_vt[4u * c4], sh_vt[4u * c4 + 1u], sh_vt[4u * c4 + 2u], sh_vt[4u * c4 + 3u]);
     let u = beta * (vv - sh_tot[c4] * rk);
+    let o = sh_tot[TC4 + c4] * rq + u * (tn.z * rk * rq);
     if (live) {
-        if (rg == 0u) {
-            let o = sh_tot[TC4 + c4] * rq + u * (tn.z * rk * rq);
-            let ob = h * p.dk + col4 * 4u;
-            o_out[ob] = o.x;
-            o_out[ob + 1u] = o.y;
-            o_out[ob + 2u] = o.z;
-            o_out[ob + 3u] = o.w;
-        }
         let uk = u * rk;
         for (var i = 0u; i < DRMAX; i++) {
             let r = rg + i * DRG;
@@ -361,6 +363,24 @@ fn kda_decode_t(
                 state[base + r * dk4] = s[i] + sh_k[r] * uk;
             }
         }
+    }
+    return TileOut(true, live && rg == 0u, h, col4, c4, o);
+}
+
+
+@compute @workgroup_size(DWG)
+fn kda_decode_t(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let r = decode_tile(wg, nwg, lid);
+    if (r.owner) {
+        let ob = r.h * p.dk + r.col4 * 4u;
+        o_out[ob] = r.o.x;
+        o_out[ob + 1u] = r.o.y;
+        o_out[ob + 2u] = r.o.z;
+        o_out[ob + 3u] = r.o.w;
     }
 }
 
@@ -390,5 +410,46 @@ fn kda_gated_norm(
     if (lid < p.dk) {
         let r = inverseSqrt(sh_ra[0] / f32(p.dk) + p.eps);
         y_out[i] = x * r * gw;
+    }
+}
+
+var<workgroup> sh_sq: array<f32, TC4>; // [column vec4] o . o
+
+// Decode with whole-head tiles (4 * TC4 >= K, host-checked) and kda_gated_norm's output in
+// the same dispatch: y = RMSNorm(o; norm_w, eps) * sigmoid(gate) for the one token, so the
+// head's norm needs no second dispatch (o itself is not written).
+@compute @workgroup_size(DWG)
+fn kda_decode_tg(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let r = decode_tile(wg, nwg, lid);
+    if (!r.valid) {
+        return;
+    }
+    // Loaded before the reduction's barrier.
+    let c = r.col4 * 4u;
+    let i = r.h * p.dk + c;
+    var gw = vec4<f32>(0.0);
+    if (r.owner) {
+        gw = vec4<f32>(norm_w[c], norm_w[c + 1u], norm_w[c + 2u], norm_w[c + 3u])
+            * vec4<f32>(sigmoid(gate_in[i]), sigmoid(gate_in[i + 1u]), sigmoid(gate_in[i + 2u]), sigmoid(gate_in[i + 3u]));
+    }
+    // Row group 0 is threads 0..TC4-1, thread c4 owning column vec4 c4 where it is live.
+    if (lid < TC4) {
+        sh_sq[lid] = select(0.0, dot(r.o, r.o), r.owner);
+    }
+    workgroupBarrier();
+    if (r.owner) {
+        var ss = 0.0;
+        for (var j = 0u; j < TC4; j++) {
+            ss += sh_sq[j];
+        }
+        let y = r.o * inverseSqrt(ss / f32(p.dk) + p.eps) * gw;
+        y_out[i] = y.x;
+        y_out[i + 1u] = y.y;
+        y_out[i + 2u] = y.z;
+        y_out[i + 3u] = y.w;
     }
 }

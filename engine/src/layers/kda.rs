@@ -277,14 +277,14 @@ impl KdaLayer {
         }
         let inp = KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
         if t_len == 1 {
-            kda::decode(gpu, enc, g, st.pos, &inp, &st.ring, &st.state, &o, prof.as_deref_mut())?;
+            kda::decode_gated(gpu, enc, g, st.pos, &inp, &st.ring, &st.state, &gl, &self.o_norm, &o, &y, prof.as_deref_mut())?;
         } else {
             let pre = Prepped::new(gpu, g, t_len);
             let scratch = ChunkScratch::new(gpu, g, t_len)?;
             kda::prep(gpu, enc, g, t_len, st.pos, &inp, &st.ring, &pre, prof.as_deref_mut())?;
             kda::chunk_prefill(gpu, enc, g, &pre, &scratch, &st.state, &o, prof.as_deref_mut())?;
+            kda::gated_norm(gpu, enc, g, t_len, &o, &gl, &self.o_norm, &y, prof.as_deref_mut())?;
         }
-        kda::gated_norm(gpu, enc, g, t_len, &o, &gl, &self.o_norm, &y, prof.as_deref_mut())?;
         linear(gpu, enc, &self.o_proj, t_len, &y, out, prof)?;
         st.pos += t_len as u64;
         Ok(())

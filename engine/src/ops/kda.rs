@@ -102,6 +102,14 @@ pub const KDA_DECODE_T32: Kernel = Kernel::new("kda_decode_t32", "kda", "kda_dec
 pub const KDA_DECODE_T32W256: Kernel = Kernel::new("kda_decode_t32w256", "kda", "kda_decode_t")
     .with_constants(&[("TC4", 8.0), ("DWG", 256.0), ("DRMAX", 8.0)])
     .unchecked();
+/// Decode with whole-head tiles (128 columns per 512 threads) and the gated norm's output in
+/// the same dispatch (`decode_gated`), for K <= 128.
+pub const KDA_DECODE_TG: Kernel = Kernel::new("kda_decode_tg", "kda", "kda_decode_tg")
+    .with_constants(&[("TC4", 32.0), ("DWG", 512.0), ("DRMAX", 8.0)])
+    .unchecked();
+/// K the whole-head tiles of [`KDA_DECODE_TG`] hold, and their threads.
+const TG_COLS: usize = 128;
+const TG_THREADS: usize = 512;
 // Without runtime checks: `gated_norm` checks o, gate, norm_w and y; head_dim <= 256 = WG.
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm").unchecked();
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
@@ -162,6 +170,7 @@ pub const KERNELS: &[Kernel] = &[
     KDA_DECODE_T16,
     KDA_DECODE_T32,
     KDA_DECODE_T32W256,
+    KDA_DECODE_TG,
     KDA_GATED_NORM,
     KDA_CHUNK_CUMSUM,
     KDA_CHUNK_INTRA,
@@ -665,6 +674,47 @@ pub fn decode(
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     decode_with(gpu, enc, DecodeVariant::default_for(gpu, geom), geom, pos, inp, ring, state, o, profiler)
+}
+
+/// One decode token as [`decode`], then y [H, V] = RMSNorm(o; norm_w, eps) * sigmoid(gate) as
+/// [`gated_norm`]: in one dispatch where the head fits one workgroup (`kda_decode_tg`), else
+/// the two (with `o` as the intermediate).
+#[allow(clippy::too_many_arguments)]
+pub fn decode_gated(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    geom: &KdaGeom,
+    pos: u64,
+    inp: &KdaInputs,
+    ring: &wgpu::Buffer,
+    state: &wgpu::Buffer,
+    gate: &wgpu::Buffer,
+    norm_w: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+    mut profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    if !gated_fits(gpu, geom) {
+        decode(gpu, enc, geom, pos, inp, ring, state, o, profiler.as_deref_mut())?;
+        return gated_norm(gpu, enc, geom, 1, o, gate, norm_w, y, profiler);
+    }
+    let bufs = decode_bindings(geom, inp, ring, state, o)?;
+    need(gate, geom.proj(), "output gate [P]")?;
+    need(norm_w, geom.head_dim, "o_norm [V]")?;
+    need(y, geom.proj(), "y [P]")?;
+    let mut all: Vec<(u32, &wgpu::Buffer)> = bufs.into_iter().filter(|(b, _)| *b != 9).collect();
+    all.extend([(15, gate), (16, norm_w), (17, y)]);
+    gpu.dispatch(enc, &KDA_DECODE_TG, &geom.params(1, pos), &all, (decode_groups(geom, TG_COLS), 1), profiler)
+}
+
+/// Whether `kda_decode_tg` runs at `geom` on `gpu` (its workgroup memory as the tiled
+/// kernels': partials [3, threads] vec4, q / k / decay, totals, v, plus the column sums).
+pub fn gated_fits(gpu: &Gpu, geom: &KdaGeom) -> bool {
+    let shared = 16 * 3 * TG_THREADS + 4 * 3 * 256 + 16 * 3 * TG_COLS / 4 + 4 * TG_COLS + TG_COLS;
+    geom.head_dim <= TG_COLS
+        && geom.taps <= DECODE_TAPS
+        && TG_THREADS <= gpu.caps.max_invocations as usize
+        && shared <= gpu.caps.max_workgroup_storage as usize
 }
 
 /// [`decode`] through a given kernel variant.
