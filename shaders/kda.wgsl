@@ -8,6 +8,7 @@
 // slot a % W (slots of positions < 0 are never read); state [H, K, V] f32, rows = key.
 
 #include "lib/kda_prep.wgsl"
+#include "lib/bf16_unit.wgsl"
 
 @group(0) @binding(8) var<storage, read_write> state: array<vec4<f32>>; // [H, K, V/4]
 @group(0) @binding(9) var<storage, read_write> o_out: array<f32>; // [T, H, V]
@@ -261,15 +262,19 @@ fn decode_conv(ch: u32) -> f32 {
 }
 
 // Prologue shared by both tiled decode kernels: sh_q, sh_k (unnormalised), sh_d = exp(g) per
-// key channel, sh_vt for this tile's columns; tile 0 writes this token into the ring.
-fn decode_prologue(h: u32, tile: u32, lid: u32) {
+// key channel, sh_vt for this tile's columns; tile 0 writes this token into the ring. With
+// `fused_f` the gate's f comes from fb_partials' sums in sh_fp (after a barrier, so the conv
+// goes first), else from fgate.
+fn decode_prologue(h: u32, tile: u32, lid: u32, fused_f: bool) {
     let pd = p.heads * p.dk;
     let slot = (p.pos % p.taps) * 3u * pd;
     for (var c = lid; c < p.dk; c += DWG) {
         let ch = h * p.dk + c;
         sh_q[c] = decode_conv(ch);
         sh_k[c] = decode_conv(pd + ch);
-        sh_d[c] = exp(gate(h, c, fgate[ch]));
+        if (!fused_f) {
+            sh_d[c] = exp(gate(h, c, fgate[ch]));
+        }
         if (tile == 0u) {
             ring[slot + ch] = qkv[ch];
             ring[slot + pd + ch] = qkv[pd + ch];
@@ -281,6 +286,38 @@ fn decode_prologue(h: u32, tile: u32, lid: u32) {
         sh_vt[lid] = decode_conv(ch);
         ring[slot + ch] = qkv[ch];
     }
+    if (fused_f) {
+        workgroupBarrier();
+        for (var c = lid; c < p.dk; c += DWG) {
+            var f = 0.0;
+            for (var j = 0u; j < FB_PARTS; j++) {
+                f += sh_fp[c * FB_PARTS + j];
+            }
+            sh_d[c] = exp(gate(h, c, f));
+        }
+    }
+}
+
+// The forget gate's low-rank second matrix inside the decode (kda_decode_tg): f = W_fb f_a
+// for the head's K channels, W_fb [P, K] bf16 (rows h K .. h K + K - 1), f_a [K]; thread
+// (row lid / FB_PARTS, part lid % FB_PARTS) dots every FB_PARTS-th 16-byte unit of its row.
+// Needs DWG >= FB_PARTS * K (host-checked).
+const FB_PARTS: u32 = 4u;
+@group(0) @binding(18) var<storage, read> fb_w: array<vec4<u32>>; // [P, K / 8] units
+@group(0) @binding(19) var<storage, read> fb_a: array<vec4<f32>>; // [K / 4]
+var<workgroup> sh_fp: array<f32, DWG>;
+
+fn fb_partials(h: u32, lid: u32) {
+    let r = lid / FB_PARTS;
+    let units = p.dk / 8u;
+    var acc = 0.0;
+    if (r < p.dk) {
+        let rb = (h * p.dk + r) * units;
+        for (var u = lid % FB_PARTS; u < units; u += FB_PARTS) {
+            acc += unit_dot(fb_w[rb + u], fb_a[2u * u], fb_a[2u * u + 1u]);
+        }
+    }
+    sh_fp[lid] = acc;
 }
 
 // What a tile's decode leaves for its epilogue: o of column vec4 col4 of head h, in the
@@ -297,7 +334,7 @@ struct TileOut {
 
 // The tiled decode of one workgroup's (head, column tile): the state update written back, o
 // returned to the column owners.
-fn decode_tile(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> TileOut {
+fn decode_tile(wg: vec3<u32>, nwg: vec3<u32>, lid: u32, fused_f: bool) -> TileOut {
     let dk4 = p.dk / 4u;
     let tiles = (dk4 + TC4 - 1u) / TC4;
     let id = wg.x + wg.y * nwg.x;
@@ -318,7 +355,10 @@ fn decode_tile(wg: vec3<u32>, nwg: vec3<u32>, lid: u32) -> TileOut {
             s[i] = state[base + r * dk4];
         }
     }
-    decode_prologue(h, tile, lid);
+    if (fused_f) {
+        fb_partials(h, lid);
+    }
+    decode_prologue(h, tile, lid, fused_f);
     let beta = sigmoid(blog[h]);
     workgroupBarrier();
     var ak = vec4<f32>(0.0);
@@ -374,7 +414,7 @@ fn kda_decode_t(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let r = decode_tile(wg, nwg, lid);
+    let r = decode_tile(wg, nwg, lid, false);
     if (r.owner) {
         let ob = r.h * p.dk + r.col4 * 4u;
         o_out[ob] = r.o.x;
@@ -415,16 +455,17 @@ fn kda_gated_norm(
 
 var<workgroup> sh_sq: array<f32, TC4>; // [column vec4] o . o
 
-// Decode with whole-head tiles (4 * TC4 >= K, host-checked) and kda_gated_norm's output in
-// the same dispatch: y = RMSNorm(o; norm_w, eps) * sigmoid(gate) for the one token, so the
-// head's norm needs no second dispatch (o itself is not written).
+// Decode with whole-head tiles (4 * TC4 >= K, host-checked), the gate's f from f_a and W_fb
+// (fb_partials) and kda_gated_norm's output, all in one dispatch: y = RMSNorm(o; norm_w, eps) *
+// sigmoid(gate) for the one token, so neither f_b's GEMV nor the head's norm needs a dispatch
+// of its own (o itself is not written; fgate is bound but not read).
 @compute @workgroup_size(DWG)
 fn kda_decode_tg(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let r = decode_tile(wg, nwg, lid);
+    let r = decode_tile(wg, nwg, lid, true);
     if (!r.valid) {
         return;
     }

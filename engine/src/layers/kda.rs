@@ -271,18 +271,27 @@ impl KdaLayer {
         };
         // Everything that reads x: one dispatch per four matrices when decoding.
         linear_many(gpu, enc, &[(&self.qkv_proj, &qkv), (&self.f_a, &fa), (&self.b_proj, &b), (gate_w, &gate_out)], t_len, x, prof.as_deref_mut())?;
-        linear(gpu, enc, &self.f_b, t_len, &fa, &f, prof.as_deref_mut())?;
+        // Decode: f_b's product, the recurrence and the gated norm in one dispatch where it fits.
+        let one_dispatch = t_len == 1 && kda::gated_fits(gpu, g, &self.f_b);
+        if !one_dispatch {
+            linear(gpu, enc, &self.f_b, t_len, &fa, &f, prof.as_deref_mut())?;
+        }
         if let OutputGate::LowRank { g_b, .. } = &self.gate {
             linear(gpu, enc, g_b, t_len, &gate_out, &gl, prof.as_deref_mut())?;
         }
         let inp = KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &self.conv_w, a_log: &self.a_log, dt_bias: &self.dt_bias };
-        if t_len == 1 {
-            kda::decode_gated(gpu, enc, g, st.pos, &inp, &st.ring, &st.state, &gl, &self.o_norm, &o, &y, prof.as_deref_mut())?;
+        if one_dispatch {
+            let fb = kda::GateLowRank { w_fb: &self.f_b, f_a: &fa };
+            kda::decode_gated(gpu, enc, g, st.pos, &inp, fb, &st.ring, &st.state, &gl, &self.o_norm, &y, prof.as_deref_mut())?;
         } else {
-            let pre = Prepped::new(gpu, g, t_len);
-            let scratch = ChunkScratch::new(gpu, g, t_len)?;
-            kda::prep(gpu, enc, g, t_len, st.pos, &inp, &st.ring, &pre, prof.as_deref_mut())?;
-            kda::chunk_prefill(gpu, enc, g, &pre, &scratch, &st.state, &o, prof.as_deref_mut())?;
+            if t_len == 1 {
+                kda::decode(gpu, enc, g, st.pos, &inp, &st.ring, &st.state, &o, prof.as_deref_mut())?;
+            } else {
+                let pre = Prepped::new(gpu, g, t_len);
+                let scratch = ChunkScratch::new(gpu, g, t_len)?;
+                kda::prep(gpu, enc, g, t_len, st.pos, &inp, &st.ring, &pre, prof.as_deref_mut())?;
+                kda::chunk_prefill(gpu, enc, g, &pre, &scratch, &st.state, &o, prof.as_deref_mut())?;
+            }
             kda::gated_norm(gpu, enc, g, t_len, &o, &gl, &self.o_norm, &y, prof.as_deref_mut())?;
         }
         linear(gpu, enc, &self.o_proj, t_len, &y, out, prof)?;

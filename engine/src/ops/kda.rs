@@ -3,7 +3,8 @@
 
 use super::shader_params;
 use crate::config::KdaGate;
-use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
+use crate::gpu::{Gpu, GpuError, GpuTensor, Kernel, Profiler};
+use crate::layout::DType;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 shader_params!(
@@ -274,10 +275,7 @@ impl DecodeVariant {
         if geom.head_dim > row_groups * sh.rows || sh.threads > gpu.caps.max_invocations as usize {
             return false;
         }
-        // kda_decode_t's workgroup memory: partials [3, threads], q / k / decay [3, 256],
-        // totals [3, cols / 4] vec4 and v [cols].
-        let shared = 16 * 3 * sh.threads + 4 * 3 * 256 + 16 * 3 * sh.cols / 4 + 4 * sh.cols;
-        if sh.tiled && shared > gpu.caps.max_workgroup_storage as usize {
+        if sh.tiled && tiled_shared_bytes(sh.threads, sh.cols) > gpu.caps.max_workgroup_storage as usize {
             return false;
         }
         !(sh.tiled && geom.taps > DECODE_TAPS)
@@ -676,9 +674,18 @@ pub fn decode(
     decode_with(gpu, enc, DecodeVariant::default_for(gpu, geom), geom, pos, inp, ring, state, o, profiler)
 }
 
-/// One decode token as [`decode`], then y [H, V] = RMSNorm(o; norm_w, eps) * sigmoid(gate) as
-/// [`gated_norm`]: in one dispatch where the head fits one workgroup (`kda_decode_tg`), else
-/// the two (with `o` as the intermediate).
+/// The forget gate's second low-rank matrix for [`decode_gated`]: f = W_fb f_a, W_fb [P, K]
+/// bf16, f_a [K] f32.
+#[derive(Clone, Copy)]
+pub struct GateLowRank<'a> {
+    pub w_fb: &'a GpuTensor,
+    pub f_a: &'a wgpu::Buffer,
+}
+
+/// One decode token: f = W_fb f_a, the decode of [`decode`] (conv, gates, the state update in
+/// place) and y [H, V] = RMSNorm(o; norm_w, eps) * sigmoid(gate) as [`gated_norm`], in ONE
+/// dispatch (`kda_decode_tg`, one workgroup per head) where [`gated_fits`]; the caller then
+/// skips f_b's GEMV. Elsewhere it errors: run f_b, [`decode`] and [`gated_norm`] instead.
 #[allow(clippy::too_many_arguments)]
 pub fn decode_gated(
     gpu: &Gpu,
@@ -686,35 +693,61 @@ pub fn decode_gated(
     geom: &KdaGeom,
     pos: u64,
     inp: &KdaInputs,
+    fb: GateLowRank,
     ring: &wgpu::Buffer,
     state: &wgpu::Buffer,
     gate: &wgpu::Buffer,
     norm_w: &wgpu::Buffer,
-    o: &wgpu::Buffer,
     y: &wgpu::Buffer,
-    mut profiler: Option<&mut Profiler>,
+    profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    if !gated_fits(gpu, geom) {
-        decode(gpu, enc, geom, pos, inp, ring, state, o, profiler.as_deref_mut())?;
-        return gated_norm(gpu, enc, geom, 1, o, gate, norm_w, y, profiler);
+    if !gated_fits(gpu, geom, fb.w_fb) {
+        return Err(GpuError::Shape(format!("kda decode_gated: head dim {} or f_b {:?} {:?} not supported in one dispatch here", geom.head_dim, fb.w_fb.dtype, fb.w_fb.shape)));
     }
-    let bufs = decode_bindings(geom, inp, ring, state, o)?;
+    check_inputs(geom, 1, inp, ring)?;
+    need(state, geom.heads * geom.head_dim * geom.head_dim, "state [H, K, V]")?;
+    need(fb.f_a, geom.head_dim, "f_a [K]")?;
     need(gate, geom.proj(), "output gate [P]")?;
     need(norm_w, geom.head_dim, "o_norm [V]")?;
     need(y, geom.proj(), "y [P]")?;
-    let mut all: Vec<(u32, &wgpu::Buffer)> = bufs.into_iter().filter(|(b, _)| *b != 9).collect();
-    all.extend([(15, gate), (16, norm_w), (17, y)]);
-    gpu.dispatch(enc, &KDA_DECODE_TG, &geom.params(1, pos), &all, (decode_groups(geom, TG_COLS), 1), profiler)
+    let bufs = [
+        (1, inp.qkv),
+        (2, inp.f),
+        (3, inp.b),
+        (4, inp.conv_w),
+        (5, inp.a_log),
+        (6, inp.dt_bias),
+        (7, ring),
+        (8, state),
+        (15, gate),
+        (16, norm_w),
+        (17, y),
+        (18, &fb.w_fb.chunks[0].buffer),
+        (19, fb.f_a),
+    ];
+    gpu.dispatch(enc, &KDA_DECODE_TG, &geom.params(1, pos), &bufs, (decode_groups(geom, TG_COLS), 1), profiler)
 }
 
-/// Whether `kda_decode_tg` runs at `geom` on `gpu` (its workgroup memory as the tiled
-/// kernels': partials [3, threads] vec4, q / k / decay, totals, v, plus the column sums).
-pub fn gated_fits(gpu: &Gpu, geom: &KdaGeom) -> bool {
-    let shared = 16 * 3 * TG_THREADS + 4 * 3 * 256 + 16 * 3 * TG_COLS / 4 + 4 * TG_COLS + TG_COLS;
+/// Whether [`decode_gated`] runs at `geom` with `w_fb` on `gpu`: K <= 128 (a head per
+/// workgroup of 512, 4 threads per f_b row), conv width <= 4, W_fb bf16 [P, K] in one buffer,
+/// and the workgroup memory of the tiled kernels (partials [3, threads] vec4, q / k / decay,
+/// totals, v, f_b partials) plus the column sums.
+pub fn gated_fits(gpu: &Gpu, geom: &KdaGeom, w_fb: &GpuTensor) -> bool {
+    let shared = tiled_shared_bytes(TG_THREADS, TG_COLS) + TG_COLS;
     geom.head_dim <= TG_COLS
         && geom.taps <= DECODE_TAPS
+        && w_fb.dtype == DType::BF16
+        && w_fb.shape == [geom.proj(), geom.head_dim]
+        && w_fb.chunks.len() == 1
         && TG_THREADS <= gpu.caps.max_invocations as usize
         && shared <= gpu.caps.max_workgroup_storage as usize
+}
+
+/// Workgroup memory of kda_decode_t with `threads` threads and `cols` columns: partials
+/// [3, threads] vec4, q / k / decay [3, 256], totals [3, cols / 4] vec4, v [cols], f_b
+/// partials [threads].
+fn tiled_shared_bytes(threads: usize, cols: usize) -> usize {
+    16 * 3 * threads + 4 * 3 * 256 + 16 * 3 * cols / 4 + 4 * cols + 4 * threads
 }
 
 /// [`decode`] through a given kernel variant.
@@ -734,6 +767,7 @@ pub fn decode_with(
     check_variant(gpu, geom, variant)?;
     let bufs = decode_bindings(geom, inp, ring, state, o)?;
     let (kernel, cols) = variant.kernel();
+    let bufs = with_unread_fb(variant, &bufs, inp);
     // The per-forward uniform arena and bind-group cache: decode records this every token.
     gpu.dispatch(enc, kernel, &geom.params(1, pos), &bufs, (decode_groups(geom, cols), 1), profiler)
 }
@@ -750,6 +784,16 @@ fn decode_bindings<'a>(
     need(state, geom.heads * geom.head_dim * geom.head_dim, "state [H, K, V]")?;
     need(o, geom.proj(), "o [H, V]")?;
     Ok([(1, inp.qkv), (2, inp.f), (3, inp.b), (4, inp.conv_w), (5, inp.a_log), (6, inp.dt_bias), (7, ring), (8, state), (9, o)])
+}
+
+/// The tiled kernels also declare kda_decode_tg's f_b bindings (18, 19), which they never read:
+/// any read-only buffer fills them.
+fn with_unread_fb<'a>(variant: DecodeVariant, bufs: &[(u32, &'a wgpu::Buffer)], inp: &KdaInputs<'a>) -> Vec<(u32, &'a wgpu::Buffer)> {
+    let mut v = bufs.to_vec();
+    if variant.shape().tiled {
+        v.extend([(18, inp.f), (19, inp.f)]);
+    }
+    v
 }
 
 /// Workgroups of one decode dispatch: every head's value columns in tiles of `cols`.
@@ -790,6 +834,7 @@ pub fn decode_one_pass(
     let mut binds = Vec::with_capacity(steps.len());
     for st in steps {
         let bufs = decode_bindings(geom, &st.inp, st.ring, st.state, st.o)?;
+        let bufs = with_unread_fb(variant, &bufs, &st.inp);
         let uniform = gpu.uniform("kda params", &geom.params(1, st.pos));
         let e: Vec<(u32, &wgpu::Buffer)> = std::iter::once((0, &uniform)).chain(bufs).collect();
         binds.push(gpu.bind_group(kernel, &pipeline, &e)?);
