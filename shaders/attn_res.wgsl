@@ -48,6 +48,8 @@ const MAX_SOURCES: u32 = 16u;
 var<workgroup> red: array<f32, 4352>; // sums: [2, WG]; mix: partials, then totals
 // The softmax weights, then the mix's inverse RMS.
 var<workgroup> weights: array<f32, 17>;
+// Each source's term of the mix's mean square.
+var<workgroup> hh_terms: array<f32, 16>;
 // Columns per thread per step of the sums pass.
 const COLS: u32 = 4u;
 // Bank entries the mix pass loads up front (b0..b7).
@@ -192,36 +194,48 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         red[tot + m] = s;
     }
     workgroupBarrier();
-    // Softmax weights and the mix's inverse RMS, once, by thread 0 (loops over the n
-    // sources only: unrolled over MAX_SOURCES with selects, the quadratic form cost ~30 us).
-    if (lid == 0u) {
+    // Softmax weights and the mix's inverse RMS: thread j < n takes source j, every sum in
+    // source order, so the bits are those of one thread doing it all (which took ~3 us at 9
+    // sources: a chain of dependent workgroup-memory reads quadratic in n).
+    if (lid < n) {
+        weights[lid] = red[tot + lid] * inverseSqrt(red[tot + n + lid * (lid + 1u) / 2u + lid] / f32(p.d) + p.eps);
+    }
+    workgroupBarrier();
+    var w_mine = 0.0;
+    if (lid < n) {
         var mx = -3.40282347e38;
         for (var j = 0u; j < n; j++) {
-            let s = red[tot + j] * inverseSqrt(red[tot + n + j * (j + 1u) / 2u + j] / f32(p.d) + p.eps);
-            weights[j] = s;
-            mx = max(mx, s);
+            mx = max(mx, weights[j]);
         }
         var sum = 0.0;
         for (var j = 0u; j < n; j++) {
-            weights[j] = exp(weights[j] - mx);
-            sum += weights[j];
+            sum += exp(weights[j] - mx);
         }
-        for (var j = 0u; j < n; j++) {
-            weights[j] = weights[j] / sum;
-            if (wg.x == 0u) {
-                alpha[t * n + j] = weights[j];
-            }
+        w_mine = exp(weights[lid] - mx) / sum;
+    }
+    workgroupBarrier();
+    if (lid < n) {
+        weights[lid] = w_mine;
+        if (wg.x == 0u) {
+            alpha[t * n + lid] = w_mine;
         }
-        // The mix's mean square from the Gram matrix: ||sum_j a_j v_j||^2 = sum_jk a_j a_k G_jk
-        // (the sources are residual states, strongly correlated, not cancelling: no precision
-        // lost against summing h^2 directly, and no third pass).
+    }
+    workgroupBarrier();
+    // The mix's mean square from the Gram matrix: ||sum_j a_j v_j||^2 = sum_jk a_j a_k G_jk
+    // (the sources are residual states, strongly correlated, not cancelling: no precision
+    // lost against summing h^2 directly, and no third pass); source j's term by thread j.
+    if (lid < n) {
+        var row = 0.0;
+        for (var k = 0u; k < lid; k++) {
+            row += weights[k] * red[tot + n + lid * (lid + 1u) / 2u + k];
+        }
+        hh_terms[lid] = w_mine * (2.0 * row + w_mine * red[tot + n + lid * (lid + 1u) / 2u + lid]);
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
         var hh = 0.0;
         for (var j = 0u; j < n; j++) {
-            var row = 0.0;
-            for (var k = 0u; k < j; k++) {
-                row += weights[k] * red[tot + n + j * (j + 1u) / 2u + k];
-            }
-            hh += weights[j] * (2.0 * row + weights[j] * red[tot + n + j * (j + 1u) / 2u + j]);
+            hh += hh_terms[j];
         }
         weights[MAX_SOURCES] = inverseSqrt(max(hh, 0.0) / f32(p.d) + p.eps);
     }

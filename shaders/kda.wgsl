@@ -266,6 +266,10 @@ fn decode_conv(ch: u32) -> f32 {
 // `fused_f` the gate's f comes from fb_partials' sums in sh_fp (after a barrier, so the conv
 // goes first), else from fgate.
 fn decode_prologue(h: u32, tile: u32, lid: u32, fused_f: bool) {
+    var fb: FbLoads;
+    if (fused_f) {
+        fb = fb_load(h, lid);
+    }
     let pd = p.heads * p.dk;
     let slot = (p.pos % p.taps) * 3u * pd;
     for (var c = lid; c < p.dk; c += DWG) {
@@ -287,6 +291,7 @@ fn decode_prologue(h: u32, tile: u32, lid: u32, fused_f: bool) {
         ring[slot + ch] = qkv[ch];
     }
     if (fused_f) {
+        fb_partials(fb, lid);
         workgroupBarrier();
         for (var c = lid; c < p.dk; c += DWG) {
             var f = 0.0;
@@ -301,23 +306,59 @@ fn decode_prologue(h: u32, tile: u32, lid: u32, fused_f: bool) {
 // The forget gate's low-rank second matrix inside the decode (kda_decode_tg): f = W_fb f_a
 // for the head's K channels, W_fb [P, K] bf16 (rows h K .. h K + K - 1), f_a [K]; thread
 // (row lid / FB_PARTS, part lid % FB_PARTS) dots every FB_PARTS-th 16-byte unit of its row.
-// Needs DWG >= FB_PARTS * K (host-checked).
+// Needs DWG >= FB_PARTS * K and K <= 128 (host-checked).
 const FB_PARTS: u32 = 4u;
 @group(0) @binding(18) var<storage, read> fb_w: array<vec4<u32>>; // [P, K / 8] units
 @group(0) @binding(19) var<storage, read> fb_a: array<vec4<f32>>; // [K / 4]
 var<workgroup> sh_fp: array<f32, DWG>;
 
-fn fb_partials(h: u32, lid: u32) {
-    let r = lid / FB_PARTS;
-    let units = p.dk / 8u;
-    var acc = 0.0;
-    if (r < p.dk) {
-        let rb = (h * p.dk + r) * units;
-        for (var u = lid % FB_PARTS; u < units; u += FB_PARTS) {
-            acc += unit_dot(fb_w[rb + u], fb_a[2u * u], fb_a[2u * u + 1u]);
-        }
+// A thread's W_fb units and the matching f_a, loaded before the prologue's conv loads so the
+// two load latencies overlap (K <= 128: at most 4 units per thread; absent ones are 0).
+struct FbLoads {
+    w0: vec4<u32>,
+    w1: vec4<u32>,
+    w2: vec4<u32>,
+    w3: vec4<u32>,
+    a0: vec4<f32>,
+    b0: vec4<f32>,
+    a1: vec4<f32>,
+    b1: vec4<f32>,
+    a2: vec4<f32>,
+    b2: vec4<f32>,
+    a3: vec4<f32>,
+    b3: vec4<f32>,
+}
+
+fn fb_unit(rb: u32, u: u32, units: u32) -> vec4<u32> {
+    var w = vec4<u32>(0u);
+    if (u < units) {
+        w = fb_w[rb + u];
     }
-    sh_fp[lid] = acc;
+    return w;
+}
+
+fn fb_act(u: u32, units: u32, half: u32) -> vec4<f32> {
+    var a = vec4<f32>(0.0);
+    if (u < units) {
+        a = fb_a[2u * u + half];
+    }
+    return a;
+}
+
+fn fb_load(h: u32, lid: u32) -> FbLoads {
+    let r = min(lid / FB_PARTS, p.dk - 1u);
+    let units = p.dk / 8u;
+    let rb = (h * p.dk + r) * units;
+    let q = lid % FB_PARTS;
+    return FbLoads(fb_unit(rb, q, units), fb_unit(rb, q + 4u, units), fb_unit(rb, q + 8u, units), fb_unit(rb, q + 12u, units),
+        fb_act(q, units, 0u), fb_act(q, units, 1u), fb_act(q + 4u, units, 0u), fb_act(q + 4u, units, 1u),
+        fb_act(q + 8u, units, 0u), fb_act(q + 8u, units, 1u), fb_act(q + 12u, units, 0u), fb_act(q + 12u, units, 1u));
+}
+
+// This thread's partial of its row of f = W_fb f_a into sh_fp.
+fn fb_partials(x: FbLoads, lid: u32) {
+    let acc = unit_dot(x.w0, x.a0, x.b0) + unit_dot(x.w1, x.a1, x.b1) + unit_dot(x.w2, x.a2, x.b2) + unit_dot(x.w3, x.a3, x.b3);
+    sh_fp[lid] = select(0.0, acc, lid / FB_PARTS < p.dk);
 }
 
 // What a tile's decode leaves for its epilogue: o of column vec4 col4 of head h, in the
@@ -354,9 +395,6 @@ fn decode_tile(wg: vec3<u32>, nwg: vec3<u32>, lid: u32, fused_f: bool) -> TileOu
         if (r < p.dk && live) {
             s[i] = state[base + r * dk4];
         }
-    }
-    if (fused_f) {
-        fb_partials(h, lid);
     }
     decode_prologue(h, tile, lid, fused_f);
     let beta = sigmoid(blog[h]);
