@@ -10,7 +10,9 @@
 //!   dispatch writes its own range of one shared destination buffer, so wgpu puts a barrier
 //!   between them as between the ordered decodes). Each one-pass decode figure is printed as
 //!   a % of the large-buffer copy and of the same-size one-pass copy timed the same way.
-//!   Every variant this adapter runs is timed and checked against the chunked path at T = 1.
+//!   Every variant this adapter runs is timed and checked against the chunked path at T = 1,
+//!   and the model's one-dispatch decode (`decode_gated`: f_b's product, the recurrence and the
+//!   gated norm, a workgroup per head) with a pass each.
 //! * prefill: the chunked WY/UT path (prep + cumsum + intra + scan + out) at T = 8192, per path
 //!   (SIMT; cooperative matrices where the adapter has them), with a per-kernel breakdown, its
 //!   FLOP rate and its error against the f64 CPU recurrence on a few heads;
@@ -215,6 +217,28 @@ fn main() -> anyhow::Result<()> {
                 note(&mut extra, &format!("decode_{dv:?}_{}_us", if shared_o { "one_pass_ordered" } else { "one_pass_independent" }), t * 1e6);
                 rows.push(row);
             }
+        }
+        // The model's decode where it fits: f = W_fb f_a, the recurrence and the gated norm in
+        // one dispatch per layer (`kda_decode_tg`); the same state traffic, plus 32 KB of W_fb
+        // per head.
+        let w_fb_bytes: Vec<u8> = rnd(p * dk, 0.2).iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect();
+        let w_fb = k31_engine::gpu::GpuTensor::upload(&gpu, "w_fb", k31_engine::layout::DType::BF16, &[p, dk], &w_fb_bytes, None)?;
+        if kda::gated_fits(&gpu, &geom, &w_fb) {
+            let f_a = gpu.storage_from("f_a", &rnd(dk, 1.0));
+            let gate = gpu.storage_from("gate", &rnd(p, 3.0));
+            let norm_w = gpu.storage_from("o_norm", &vec![1.0f32; dk]);
+            let ys: Vec<_> = (0..layers).map(|_| gpu.storage("y", (p * 4) as u64)).collect();
+            let t = time_gpu(&gpu, 3, 20, |enc, mut prof| {
+                for ((s, rg), y) in states.iter().zip(&rings).zip(&ys) {
+                    let fb = kda::GateLowRank { w_fb: &w_fb, f_a: &f_a };
+                    kda::decode_gated(&gpu, enc, &geom, 100, &inp, fb, rg, s, &gate, &norm_w, y, prof.as_deref_mut())?;
+                }
+                Ok(())
+            })? / layers as f64;
+            let row = per_row("kda decode + f_b + gated norm [kda_decode_tg] per layer, pass each".into(), t);
+            row.print();
+            note(&mut extra, "decode_gated_pass_each_us", t * 1e6);
+            rows.push(row);
         }
         // Check: each decode variant vs prep + chunked prefill of the same single token, same ring
         // and state.
