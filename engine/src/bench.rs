@@ -176,6 +176,26 @@ pub fn copy_bandwidth(gpu: &Gpu, bytes: u64) -> Result<f64, GpuError> {
     Ok(2.0 * bytes as f64 / t)
 }
 
+/// Keeps the GPU busy with copies for about `ms` milliseconds of wall clock, then waits: a
+/// GPU left idle while the host prepared large inputs (seconds at 512K-1M positions) may sit
+/// in a low clock state that short timed kernels do not lift it out of (the fifteenth
+/// session's 512K / 1M figures swung 4x within one process; docs/perf.md, DSA).
+pub fn warm_gpu(gpu: &Gpu, ms: u64) -> Result<(), GpuError> {
+    let bytes = (64u64 << 20).min(gpu.caps.max_binding) / 16 * 16;
+    let src = gpu.storage("warm src", bytes);
+    let dst = gpu.storage("warm dst", bytes);
+    let start = std::time::Instant::now();
+    while start.elapsed().as_millis() < ms as u128 {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        for _ in 0..8 {
+            copy(gpu, &mut enc, &src, &dst, bytes, None)?;
+        }
+        gpu.queue.submit([enc.finish()]);
+        gpu.wait()?;
+    }
+    Ok(())
+}
+
 /// One result row, printed as text and collected as JSON.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Row {
