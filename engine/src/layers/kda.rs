@@ -261,7 +261,6 @@ impl KdaLayer {
         let f = buf("kda f", t_len * p);
         let b = buf("kda b", t_len * h);
         let gl = buf("kda gate", t_len * p);
-        let o = buf("kda o", t_len * p);
         let y = buf("kda y", t_len * p);
         // The gate's first matrix reads x: g_proj straight into the gate logits, or g_a into
         // the low-rank intermediate that g_b maps to them.
@@ -284,6 +283,7 @@ impl KdaLayer {
             let fb = kda::GateLowRank { w_fb: &self.f_b, f_a: &fa };
             kda::decode_gated(gpu, enc, g, st.pos, &inp, fb, &st.ring, &st.state, &gl, &self.o_norm, &y, prof.as_deref_mut())?;
         } else {
+            let o = buf("kda o", t_len * p);
             if t_len == 1 {
                 kda::decode(gpu, enc, g, st.pos, &inp, &st.ring, &st.state, &o, prof.as_deref_mut())?;
             } else {

@@ -108,9 +108,12 @@ pub const KDA_DECODE_T32W256: Kernel = Kernel::new("kda_decode_t32w256", "kda", 
 pub const KDA_DECODE_TG: Kernel = Kernel::new("kda_decode_tg", "kda", "kda_decode_tg")
     .with_constants(&[("TC4", 32.0), ("DWG", 512.0), ("DRMAX", 8.0)])
     .unchecked();
-/// K the whole-head tiles of [`KDA_DECODE_TG`] hold, and their threads.
-const TG_COLS: usize = 128;
-const TG_THREADS: usize = 512;
+/// Value columns (4 TC4) and threads (DWG) of a [`KDA_DECODE_TG`] workgroup: the widest head
+/// it holds.
+fn tg_shape() -> (usize, usize) {
+    let c = |name| KDA_DECODE_TG.constant(name).map_or(0, |v| v as usize);
+    (4 * c("TC4"), c("DWG"))
+}
 // Without runtime checks: `gated_norm` checks o, gate, norm_w and y; head_dim <= 256 = WG.
 pub const KDA_GATED_NORM: Kernel = Kernel::new("kda_gated_norm", "kda", "kda_gated_norm").unchecked();
 pub const KDA_CHUNK_CUMSUM: Kernel = Kernel::new("kda_chunk_cumsum", "kda_chunk", "kda_chunk_cumsum");
@@ -704,28 +707,13 @@ pub fn decode_gated(
     if !gated_fits(gpu, geom, fb.w_fb) {
         return Err(GpuError::Shape(format!("kda decode_gated: head dim {} or f_b {:?} {:?} not supported in one dispatch here", geom.head_dim, fb.w_fb.dtype, fb.w_fb.shape)));
     }
-    check_inputs(geom, 1, inp, ring)?;
-    need(state, geom.heads * geom.head_dim * geom.head_dim, "state [H, K, V]")?;
     need(fb.f_a, geom.head_dim, "f_a [K]")?;
     need(gate, geom.proj(), "output gate [P]")?;
     need(norm_w, geom.head_dim, "o_norm [V]")?;
     need(y, geom.proj(), "y [P]")?;
-    let bufs = [
-        (1, inp.qkv),
-        (2, inp.f),
-        (3, inp.b),
-        (4, inp.conv_w),
-        (5, inp.a_log),
-        (6, inp.dt_bias),
-        (7, ring),
-        (8, state),
-        (15, gate),
-        (16, norm_w),
-        (17, y),
-        (18, &fb.w_fb.chunks[0].buffer),
-        (19, fb.f_a),
-    ];
-    gpu.dispatch(enc, &KDA_DECODE_TG, &geom.params(1, pos), &bufs, (decode_groups(geom, TG_COLS), 1), profiler)
+    let mut bufs = core_bindings(geom, inp, ring, state)?.to_vec();
+    bufs.extend([(15, gate), (16, norm_w), (17, y), (18, &fb.w_fb.chunks[0].buffer), (19, fb.f_a)]);
+    gpu.dispatch(enc, &KDA_DECODE_TG, &geom.params(1, pos), &bufs, (decode_groups(geom, tg_shape().0), 1), profiler)
 }
 
 /// Whether [`decode_gated`] runs at `geom` with `w_fb` on `gpu`: K <= 128 (a head per
@@ -733,13 +721,15 @@ pub fn decode_gated(
 /// and the workgroup memory of the tiled kernels (partials [3, threads] vec4, q / k / decay,
 /// totals, v, f_b partials) plus the column sums.
 pub fn gated_fits(gpu: &Gpu, geom: &KdaGeom, w_fb: &GpuTensor) -> bool {
-    let shared = tiled_shared_bytes(TG_THREADS, TG_COLS) + TG_COLS;
-    geom.head_dim <= TG_COLS
+    let (cols, threads) = tg_shape();
+    // ... plus o . o per column vec4 (sh_sq).
+    let shared = tiled_shared_bytes(threads, cols) + 4 * (cols / 4);
+    geom.head_dim <= cols
         && geom.taps <= DECODE_TAPS
         && w_fb.dtype == DType::BF16
         && w_fb.shape == [geom.proj(), geom.head_dim]
         && w_fb.chunks.len() == 1
-        && TG_THREADS <= gpu.caps.max_invocations as usize
+        && threads <= gpu.caps.max_invocations as usize
         && shared <= gpu.caps.max_workgroup_storage as usize
 }
 
@@ -772,7 +762,7 @@ pub fn decode_with(
     gpu.dispatch(enc, kernel, &geom.params(1, pos), &bufs, (decode_groups(geom, cols), 1), profiler)
 }
 
-/// The decode kernel's storage bindings (1-9) for one step, after checking their sizes.
+/// The decode kernels' storage bindings (1-9) for one step, after checking their sizes.
 fn decode_bindings<'a>(
     geom: &KdaGeom,
     inp: &KdaInputs<'a>,
@@ -780,10 +770,21 @@ fn decode_bindings<'a>(
     state: &'a wgpu::Buffer,
     o: &'a wgpu::Buffer,
 ) -> Result<[(u32, &'a wgpu::Buffer); 9], GpuError> {
+    need(o, geom.proj(), "o [H, V]")?;
+    let [a, b, c, d, e, f, g, h] = core_bindings(geom, inp, ring, state)?;
+    Ok([a, b, c, d, e, f, g, h, (9, o)])
+}
+
+/// Bindings 1-8 every decode kernel reads (inputs, conv ring, state), after checking them.
+fn core_bindings<'a>(
+    geom: &KdaGeom,
+    inp: &KdaInputs<'a>,
+    ring: &'a wgpu::Buffer,
+    state: &'a wgpu::Buffer,
+) -> Result<[(u32, &'a wgpu::Buffer); 8], GpuError> {
     check_inputs(geom, 1, inp, ring)?;
     need(state, geom.heads * geom.head_dim * geom.head_dim, "state [H, K, V]")?;
-    need(o, geom.proj(), "o [H, V]")?;
-    Ok([(1, inp.qkv), (2, inp.f), (3, inp.b), (4, inp.conv_w), (5, inp.a_log), (6, inp.dt_bias), (7, ring), (8, state), (9, o)])
+    Ok([(1, inp.qkv), (2, inp.f), (3, inp.b), (4, inp.conv_w), (5, inp.a_log), (6, inp.dt_bias), (7, ring), (8, state)])
 }
 
 /// The tiled kernels also declare kda_decode_tg's f_b bindings (18, 19), which they never read:
