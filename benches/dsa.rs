@@ -21,8 +21,18 @@ use k31_engine::wgpu;
 const IH: usize = 32;
 const ID: usize = 128;
 const TOPK: usize = 2048;
-/// Milliseconds of copies run before each size's timings, after its inputs are uploaded.
-const WARM_MS: u64 = 200;
+/// Before each size's timings, after its inputs are uploaded: the GPU runs an fma spin until
+/// its clock is steady (at least MIN, at most MAX milliseconds; `bench::warm_gpu`).
+const WARM_MIN_MS: u64 = 150;
+const WARM_MAX_MS: u64 = 4000;
+
+/// Brings the GPU back to its steady clock after the host left it idle, and says how long
+/// that took (seconds at full clock means the clock had dropped).
+fn warm(gpu: &Gpu, what: &str) -> anyhow::Result<()> {
+    let ms = k31_engine::bench::warm_gpu(gpu, WARM_MIN_MS, WARM_MAX_MS)?;
+    println!("  GPU clock steady after {ms:.0} ms of spin ({what})");
+    Ok(())
+}
 
 /// Cheap deterministic uniform values in [-1, 1).
 fn random(seed: u64, n: usize) -> Vec<f32> {
@@ -258,7 +268,7 @@ fn main() -> anyhow::Result<()> {
             let mut out = Vec::new();
             let mut keys = PagedRows::new(&gpu, "keys", ID, 1024, s)?;
             keys.upload(&gpu, &random(s as u64, s * ID))?;
-            k31_engine::bench::warm_gpu(&gpu, WARM_MS)?;
+            warm(&gpu, &format!("indexer, S={s}"))?;
             let q = gpu.storage_from("q", &random(1, IH * ID));
             let w = gpu.storage_from("w", &random(2, IH));
             let scores = gpu.storage("scores", (s * 4) as u64);
@@ -350,7 +360,7 @@ fn main() -> anyhow::Result<()> {
             let mut cache = PagedRows::new(&gpu, "latent", dims.width(), 1024, s)?;
             cache.upload(&gpu, &random(s as u64 + 1, s * dims.width()))?;
             // The upload's host work leaves the GPU idle for seconds at large S.
-            k31_engine::bench::warm_gpu(&gpu, WARM_MS)?;
+            warm(&gpu, &format!("sparse MLA, S={s}"))?;
             let qa = gpu.storage_from("qa", &random(3, dims.heads * dims.width()));
             let gate = gpu.storage_from("gate", &random(4, dims.heads * dims.v_dim));
             let part = gpu.storage("part", dsa::partial_bytes(&dims, 1, dsa::MLA_MAX_SPLITS) as u64);
@@ -501,7 +511,7 @@ fn topk_bench(gpu: &Gpu, copy: f64, wu: usize, reps: usize, quick: bool, rows: &
             }
             let scores = gpu.storage_from("scores", &v);
             let scratch = TopkScratch::new(gpu, 1, n, k)?;
-            k31_engine::bench::warm_gpu(gpu, WARM_MS)?;
+            warm(gpu, &format!("top-{k} of {n}"))?;
             let t = time_gpu(gpu, wu, reps, |enc, prof| dsa::topk_set(gpu, enc, &scratch, &scores, n, 1, n, n, &sel, &sel_s, prof))?;
             push(rows, format!("top-{k} set of {n} {label} scores"), t, (n * 4) as f64);
             report_check(format!("top-{k} set of {n} {label} vs CPU reference"), check_topk_set(gpu, &scores, n, &sel, k)?);

@@ -5,7 +5,7 @@
 //! kernel variant the adapter runs, each checked against an f64 CPU reference on sampled tokens.
 //! Run: `cargo bench --bench moe [-- --quick] [--experts-only | --prefill-only [--skip-old]] [--json FILE]`.
 
-use k31_engine::bench::{time_back_to_back, breakdown, copy_bandwidth, time_gpu, Row};
+use k31_engine::bench::{time_back_to_back, breakdown, copy_bandwidth, time_gpu, warm_gpu, Row};
 use k31_engine::config::{Activation, ExpertFormat};
 use k31_engine::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use k31_engine::gpu::{Gpu, GpuTensor};
@@ -52,6 +52,8 @@ fn main() -> anyhow::Result<()> {
         let w = GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)?;
         let x = gpu.storage_from("x", &vec![0.5f32; k]);
         let y = gpu.storage("y", (n * 4) as u64);
+        // Generating W on the host left the GPU idle: back to its steady clock first.
+        warm_gpu(&gpu, 150, 4000)?;
         for &v in &variants {
             let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_into(&gpu, enc, &w, &x, &y, Some(v), false, prof))?;
             let row = Row { name: format!("{} {name}", v.name), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
@@ -122,6 +124,7 @@ fn main() -> anyhow::Result<()> {
         // Every variant's output against the first one's (same inputs): a kernel experiment
         // that is fast but wrong shows up here.
         let mut first: Option<(&str, Vec<f32>)> = None;
+        warm_gpu(&gpu, 150, 4000)?;
         for kern in moe::DECODE_VARIANTS.iter().filter(|v| moe::decode_supported(&gpu, &store.layout, v)) {
             let name = kern.name;
             let t = time_gpu(&gpu, 5, 30, |enc, prof| moe::experts_decode(&gpu, enc, &store, &call, Some(*kern), &z, &idx, &wts, &h, &y, prof))?;

@@ -19,3 +19,33 @@ fn copy_vec4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
         dst[i] = src[i];
     }
 }
+
+// Clock probe: `iters` rounds of four independent fma chains per thread, bound by the SMs'
+// issue rate (not memory), so its time follows the shader clock. The store never happens
+// (the chains cannot reach the sentinel) but keeps the chains alive.
+struct SpinParams {
+    iters: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> sp: SpinParams;
+@group(0) @binding(1) var<storage, read_write> sink: array<f32>;
+
+@compute @workgroup_size(256)
+fn spin_fma(@builtin(global_invocation_id) gid: vec3<u32>) {
+    var a = f32(gid.x & 255u) * 1e-3;
+    var b = a + 0.25;
+    var c = a + 0.5;
+    var d = a + 0.75;
+    for (var i = 0u; i < sp.iters; i++) {
+        a = fma(a, 0.9999, 1e-4);
+        b = fma(b, 0.9999, 1e-4);
+        c = fma(c, 0.9999, 1e-4);
+        d = fma(d, 0.9999, 1e-4);
+    }
+    if (a + b + c + d == -1.0) {
+        sink[gid.x & 255u] = a;
+    }
+}

@@ -3,7 +3,7 @@
 //! same run that every memory-bound figure is compared with.
 
 use crate::gpu::{Gpu, GpuError, Profiler};
-use crate::ops::copy::copy;
+use crate::ops::copy::{copy, spin};
 
 /// Median GPU time in seconds of `label`'s passes over `reps` submissions after `warmup`,
 /// where `record` records one repetition into the encoder (timing its passes through the
@@ -176,24 +176,39 @@ pub fn copy_bandwidth(gpu: &Gpu, bytes: u64) -> Result<f64, GpuError> {
     Ok(2.0 * bytes as f64 / t)
 }
 
-/// Keeps the GPU busy with copies for about `ms` milliseconds of wall clock, then waits: a
-/// GPU left idle while the host prepared large inputs (seconds at 512K-1M positions) may sit
-/// in a low clock state that short timed kernels do not lift it out of (the fifteenth
-/// session's 512K / 1M figures swung 4x within one process; docs/perf.md, DSA).
-pub fn warm_gpu(gpu: &Gpu, ms: u64) -> Result<(), GpuError> {
-    let bytes = (64u64 << 20).min(gpu.caps.max_binding) / 16 * 16;
-    let src = gpu.storage("warm src", bytes);
-    let dst = gpu.storage("warm dst", bytes);
+/// Keeps the GPU busy until its shader clock is back at full speed, then returns the
+/// milliseconds that took. A GPU left idle for a second or more (the host generating a
+/// 512K-1M cache, an f64 reference, recording 8192 dispatches) drops its clock (the H200 from
+/// 1980 to 345-1245 MHz, sampled with nvidia-smi, sixteenth session) and short timed kernels
+/// do not lift it: the fifteenth session's 512K / 1M figures swung 1.5-4x within one process,
+/// and a 7.7 ms KDA prefill timed at 24.5 ms right after its reference ran on the host.
+/// Batches of an issue-bound fma spin (~2 ms each at full clock, wall clock) run until three
+/// in a row are within 3 % of the fastest batch this process has seen, after at least
+/// `min_ms` (at least a second on the first call, which sets that best); at most `max_ms`.
+/// A stable but slow spin is not enough: a GPU at a low clock runs it stably too.
+pub fn warm_gpu(gpu: &Gpu, min_ms: u64, max_ms: u64) -> Result<f64, GpuError> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static BEST_NS: AtomicU64 = AtomicU64::new(u64::MAX);
+    let sink = gpu.storage("spin sink", 256 * 4);
+    let (groups, iters) = if gpu.info.device_type == wgpu::DeviceType::Cpu { (8, 64) } else { (4096, 16384) };
+    let first = BEST_NS.load(Ordering::Relaxed) == u64::MAX;
+    let min_ms = if first { min_ms.max(1000) } else { min_ms };
     let start = std::time::Instant::now();
-    while start.elapsed().as_millis() < ms as u128 {
+    let mut near_best = 0;
+    loop {
+        let t0 = std::time::Instant::now();
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        for _ in 0..8 {
-            copy(gpu, &mut enc, &src, &dst, bytes, None)?;
-        }
+        spin(gpu, &mut enc, &sink, groups, iters)?;
         gpu.queue.submit([enc.finish()]);
         gpu.wait()?;
+        let t = t0.elapsed().as_nanos() as u64;
+        let best = BEST_NS.fetch_min(t, Ordering::Relaxed).min(t);
+        near_best = if t * 100 <= best * 103 { near_best + 1 } else { 0 };
+        let ms = start.elapsed().as_secs_f64() * 1e3;
+        if (ms >= min_ms as f64 && near_best >= 3) || ms >= max_ms as f64 {
+            return Ok(ms);
+        }
     }
-    Ok(())
 }
 
 /// One result row, printed as text and collected as JSON.

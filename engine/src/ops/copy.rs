@@ -1,4 +1,5 @@
-//! Buffer copy through a compute shader: the bandwidth ceiling of memory-bound kernels.
+//! Buffer copy through a compute shader: the bandwidth ceiling of memory-bound kernels; and
+//! a clock probe (an fma spin) with which benches bring the GPU to its steady clock.
 
 use super::shader_params;
 use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
@@ -8,8 +9,14 @@ shader_params!(
     CopyParams in "copy" { words4: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
 );
 
+shader_params!(
+    /// Mirrors `SpinParams` in shaders/copy.wgsl.
+    SpinParams in "copy" { iters: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
+);
+
 pub const COPY_VEC4: Kernel = Kernel::new("copy_vec4", "copy", "copy_vec4");
-pub const KERNELS: &[Kernel] = &[COPY_VEC4];
+pub const SPIN_FMA: Kernel = Kernel::new("spin_fma", "copy", "spin_fma");
+pub const KERNELS: &[Kernel] = &[COPY_VEC4, SPIN_FMA];
 
 /// Records a copy of `bytes` (a multiple of 16) from `src` to `dst`.
 pub fn copy(
@@ -47,6 +54,30 @@ pub fn copy(
     pass.set_bind_group(0, &bind, &[]);
     // Enough workgroups to saturate memory; each thread strides over the rest.
     let groups = ((bytes / 16).div_ceil(256) as u32).min(65535 * 4);
+    let (gx, gy) = gpu.grid(groups);
+    pass.dispatch_workgroups(gx, gy, 1);
+    Ok(())
+}
+
+/// Records `groups` workgroups of 256 threads, each running `iters` rounds of four
+/// independent fma chains: issue-bound work whose time follows the shader clock.
+pub fn spin(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, sink: &wgpu::Buffer, groups: u32, iters: u32) -> Result<(), GpuError> {
+    if sink.size() < 256 * 4 {
+        return Err(GpuError::Shape("spin: the sink buffer needs 256 f32".into()));
+    }
+    let pipeline = gpu.pipelines.get(gpu, &SPIN_FMA)?;
+    let uniform = gpu.uniform("spin params", &SpinParams { iters, ..Default::default() });
+    let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(SPIN_FMA.name),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry { binding: 0, resource: uniform.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: sink.as_entire_binding() },
+        ],
+    });
+    let mut pass = gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some(SPIN_FMA.name), timestamp_writes: None });
+    pass.set_pipeline(&pipeline);
+    pass.set_bind_group(0, &bind, &[]);
     let (gx, gy) = gpu.grid(groups);
     pass.dispatch_workgroups(gx, gy, 1);
     Ok(())

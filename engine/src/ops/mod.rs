@@ -57,6 +57,7 @@ pub(crate) use shader_params;
 pub fn all_params() -> Vec<ParamsLayout> {
     let mut v = vec![
         layout_of::<copy::CopyParams>(),
+        layout_of::<copy::SpinParams>(),
         layout_of::<gemv::GemvParams>(),
         layout_of::<gemv::MultiParams>(),
         layout_of::<gemv::NormGemvParams>(),
