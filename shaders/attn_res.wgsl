@@ -11,8 +11,9 @@
 // norm_w hold d bf16; alpha holds T * n + T * chunks * P f32 (P below); chunks * P <= 2048.
 // Where `add` is off, addend may alias cur and part is a dummy.
 //
-// Two wide passes (one workgroup per token was latency-bound: 36-108 us at d = 7168 on an
-// H200, against ~4 us of launch per pass):
+// Decode: two wide passes (one workgroup per token was latency-bound: 36-108 us at d = 7168 on
+// an H200 for a first kernel, 11.5-17.3 us for attn_res_one below, against ~4 us of launch per
+// pass); prefill: attn_res_one (below).
 //   attn_res_sums, grid (n * chunks, T): workgroup (j, c) sums, over the `chunk` columns of
 //     chunk c, v_j . (gamma * proj) and the Gram entries v_j . v_k for k <= j;
 //   attn_res_mix, grid (ceil(d / WG), T): every workgroup adds the chunks' partial sums,
@@ -276,5 +277,238 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
     }
     if (wg.x * WG + lid < p.d) {
         out[t * p.d + i] = acc;
+    }
+}
+
+// One dispatch per aggregation, one workgroup of ONE_WG threads per token doing the sums, the
+// softmax, the mix and its norm: for many tokens (prefill) 5x faster than the two passes on an
+// H200; for one token (decode) a single workgroup's dependent load rounds make it no faster. Needs d % 4 == 0, d <= 8 * ONE_WG (each thread
+// mixes at most two vec4 columns) and bank_stride % 4 == 0 (host-checked); writes alpha[t, :]
+// and, with `add`, part[t, :] like the two passes.
+//   phase 1: the sources split over the threads (ONE_WG / n each, whole source rows), each
+//     thread summing v . (gamma * proj) and v . v over its vec4 columns of one source, then a
+//     tree reduction within each source's threads;
+//   phase 2: the softmax (thread j takes source j, sums in source order);
+//   phase 3: each thread mixes its (at most two) vec4 columns from all sources, the mix's
+//     mean square by a tree reduction, then the scaled output.
+const ONE_WG: u32 = 1024u;
+var<workgroup> one_dot: array<f32, 1024>;
+var<workgroup> one_sq: array<f32, 1024>;
+
+@group(0) @binding(1) var<storage, read> bank4: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> cur4: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> addend4: array<vec4<f32>>;
+@group(0) @binding(8) var<storage, read_write> part4: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> out4: array<vec4<f32>>;
+
+// gamma * proj at vec4 column g.
+fn query4(g: u32) -> vec4<f32> {
+    let ga = vec4<f32>(bitcast<f32>(gamma[2u * g] << 16u), bitcast<f32>(gamma[2u * g] & 0xffff0000u),
+                       bitcast<f32>(gamma[2u * g + 1u] << 16u), bitcast<f32>(gamma[2u * g + 1u] & 0xffff0000u));
+    let pr = vec4<f32>(bitcast<f32>(proj[2u * g] << 16u), bitcast<f32>(proj[2u * g] & 0xffff0000u),
+                       bitcast<f32>(proj[2u * g + 1u] << 16u), bitcast<f32>(proj[2u * g + 1u] & 0xffff0000u));
+    return ga * pr;
+}
+
+fn norm4(g: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<f32>(norm_w[2u * g] << 16u), bitcast<f32>(norm_w[2u * g] & 0xffff0000u),
+                     bitcast<f32>(norm_w[2u * g + 1u] << 16u), bitcast<f32>(norm_w[2u * g + 1u] & 0xffff0000u));
+}
+
+// The current partial of token t at vec4 column g.
+fn current4(t: u32, g: u32) -> vec4<f32> {
+    let c = t * (p.d / 4u) + g;
+    var v = cur4[c];
+    if (p.add != 0u) {
+        v += addend4[c];
+    }
+    return v;
+}
+
+// Bank entry j of token t at vec4 column g (j clamped to the bank: the caller drops it).
+fn bank_at(j: u32, t: u32, g: u32) -> vec4<f32> {
+    return bank4[(min(j, max(p.n_bank, 1u) - 1u) * p.bank_stride + t * p.d) / 4u + g];
+}
+
+// Source j of token t at vec4 column g (`last`: j is the current partial).
+fn source4(j: u32, t: u32, g: u32, last: bool) -> vec4<f32> {
+    if (last) {
+        return current4(t, g);
+    }
+    return bank_at(j, t, g);
+}
+
+// Sum of weights[j] * source j at vec4 column g of token t (weights hold the softmax).
+fn mix4(t: u32, g: u32, n: u32) -> vec4<f32> {
+    let b0 = bank_at(0u, t, g);
+    let b1 = bank_at(1u, t, g);
+    let b2 = bank_at(2u, t, g);
+    let b3 = bank_at(3u, t, g);
+    let b4 = bank_at(4u, t, g);
+    let b5 = bank_at(5u, t, g);
+    let b6 = bank_at(6u, t, g);
+    let b7 = bank_at(7u, t, g);
+    var h = weights[n - 1u] * current4(t, g);
+    if (p.n_bank > 0u) {
+        h += weights[0] * b0;
+    }
+    if (p.n_bank > 1u) {
+        h += weights[1] * b1;
+    }
+    if (p.n_bank > 2u) {
+        h += weights[2] * b2;
+    }
+    if (p.n_bank > 3u) {
+        h += weights[3] * b3;
+    }
+    if (p.n_bank > 4u) {
+        h += weights[4] * b4;
+    }
+    if (p.n_bank > 5u) {
+        h += weights[5] * b5;
+    }
+    if (p.n_bank > 6u) {
+        h += weights[6] * b6;
+    }
+    if (p.n_bank > 7u) {
+        h += weights[7] * b7;
+    }
+    for (var k = PREFETCH; k < p.n_bank; k++) {
+        h += weights[k] * bank_at(k, t, g);
+    }
+    return h;
+}
+
+@compute @workgroup_size(1024)
+fn attn_res_one(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wg.y;
+    if (t >= p.tokens) {
+        return;
+    }
+    let n = p.n_bank + 1u;
+    let v4 = p.d / 4u;
+    // Phase 1: threads [j * tps, (j + 1) * tps) take source j.
+    let tps = ONE_WG / n;
+    let j = min(lid / tps, n - 1u);
+    let s = lid - j * tps;
+    var dq = 0.0;
+    var sq = 0.0;
+    if (lid < n * tps) {
+        // Four columns in flight per step, their loads issued before any arithmetic (named
+        // registers: an indexed private array would go to local memory on some drivers).
+        let last = j == n - 1u;
+        for (var g0 = s; g0 < v4; g0 += 4u * tps) {
+            let g1 = min(g0 + tps, v4 - 1u);
+            let g2 = min(g0 + 2u * tps, v4 - 1u);
+            let g3 = min(g0 + 3u * tps, v4 - 1u);
+            let v0 = source4(j, t, g0, last);
+            let v1 = source4(j, t, g1, last);
+            let v2 = source4(j, t, g2, last);
+            let v3 = source4(j, t, g3, last);
+            let q0 = query4(g0);
+            let q1 = query4(g1);
+            let q2 = query4(g2);
+            let q3 = query4(g3);
+            dq += dot(v0, q0);
+            sq += dot(v0, v0);
+            if (g0 + tps < v4) {
+                dq += dot(v1, q1);
+                sq += dot(v1, v1);
+            }
+            if (g0 + 2u * tps < v4) {
+                dq += dot(v2, q2);
+                sq += dot(v2, v2);
+            }
+            if (g0 + 3u * tps < v4) {
+                dq += dot(v3, q3);
+                sq += dot(v3, v3);
+            }
+            if (p.add != 0u && last) {
+                part4[t * v4 + g0] = v0;
+                if (g0 + tps < v4) {
+                    part4[t * v4 + g1] = v1;
+                }
+                if (g0 + 2u * tps < v4) {
+                    part4[t * v4 + g2] = v2;
+                }
+                if (g0 + 3u * tps < v4) {
+                    part4[t * v4 + g3] = v3;
+                }
+            }
+        }
+    }
+    one_dot[lid] = dq;
+    one_sq[lid] = sq;
+    workgroupBarrier();
+    // Tree reduction within each source's tps threads (the same order for every token).
+    var span = 1u;
+    while (span * 2u < tps) {
+        span *= 2u;
+    }
+    for (var h = span; h > 0u; h = h >> 1u) {
+        if (lid < n * tps && s < h && s + h < tps) {
+            one_dot[lid] += one_dot[lid + h];
+            one_sq[lid] += one_sq[lid + h];
+        }
+        workgroupBarrier();
+    }
+    // Phase 2: the softmax, thread j for source j, sums in source order.
+    if (lid < n) {
+        weights[lid] = one_dot[lid * tps] * inverseSqrt(one_sq[lid * tps] / f32(p.d) + p.eps);
+    }
+    workgroupBarrier();
+    var w_mine = 0.0;
+    if (lid < n) {
+        var mx = -3.40282347e38;
+        for (var k = 0u; k < n; k++) {
+            mx = max(mx, weights[k]);
+        }
+        var sum = 0.0;
+        for (var k = 0u; k < n; k++) {
+            sum += exp(weights[k] - mx);
+        }
+        w_mine = exp(weights[lid] - mx) / sum;
+    }
+    workgroupBarrier();
+    if (lid < n) {
+        weights[lid] = w_mine;
+        alpha[t * n + lid] = w_mine;
+    }
+    workgroupBarrier();
+    // Phase 3: mix columns lid and lid + ONE_WG, each from all its sources' loads issued
+    // together (the first 8 bank entries clamped and named, as in attn_res_mix).
+    let ga = min(lid, v4 - 1u);
+    let gb = min(lid + ONE_WG, v4 - 1u);
+    let ha = mix4(t, ga, n);
+    let hb = mix4(t, gb, n);
+    var hh = 0.0;
+    if (lid < v4) {
+        hh += dot(ha, ha);
+    }
+    if (lid + ONE_WG < v4) {
+        hh += dot(hb, hb);
+    }
+    one_sq[lid] = hh;
+    workgroupBarrier();
+    for (var h = ONE_WG / 2u; h > 0u; h = h >> 1u) {
+        if (lid < h) {
+            one_sq[lid] += one_sq[lid + h];
+        }
+        workgroupBarrier();
+    }
+    let inv = select(1.0, inverseSqrt(one_sq[0] / f32(p.d) + p.eps), p.norm != 0u);
+    if (lid < v4) {
+        var o = ha * inv;
+        if (p.norm != 0u) {
+            o *= norm4(ga);
+        }
+        out4[t * v4 + ga] = o;
+    }
+    if (lid + ONE_WG < v4) {
+        var o = hb * inv;
+        if (p.norm != 0u) {
+            o *= norm4(gb);
+        }
+        out4[t * v4 + gb] = o;
     }
 }

@@ -47,7 +47,24 @@ fn attn_res_norm_matches_reference() {
     let bytes = |v: &[f32]| -> Vec<u8> { bytemuck::cast_slice(&v.iter().map(|&x| half::bf16::from_f32(x)).collect::<Vec<_>>()).to_vec() };
     let rel = support::golden::rel_err;
     let eps = 1e-5;
-    for (t, d, n_bank, add) in [(1, 7168, 8, true), (1, 2500, 15, false), (3, 37, 0, true), (2, 1, 2, true), (5, 1030, 4, false), (1, 100, 0, false)] {
+    let cases = [
+        (1, 7168, 8, true),
+        (1, 2500, 15, false),
+        (3, 37, 0, true),
+        (2, 1, 2, true),
+        (5, 1030, 4, false),
+        (1, 100, 0, false),
+        // attn_res_one's edges: its widest rows (two vec4 per thread), 16 sources, ragged
+        // source splits (9 and 7 sources over 1024 threads), a single vec4.
+        (2, 8192, 8, true),
+        (3, 8188, 6, false),
+        (2, 12, 15, true),
+        (1, 4, 0, true),
+    ];
+    for (path, (t, d, n_bank, add)) in [attn_res::AttnResPath::TwoPass, attn_res::AttnResPath::OneDispatch].into_iter().flat_map(|p| cases.map(|c| (p, c))) {
+        if path == attn_res::AttnResPath::OneDispatch && !attn_res::one_fits(&g, d, t * d) {
+            continue;
+        }
         let seed = (t * 1000 + d + n_bank) as u64;
         let bank: Vec<f32> = random_vec(seed, n_bank.max(1) * t * d);
         let cur = random_vec(seed + 1, t * d);
@@ -62,7 +79,7 @@ fn attn_res_norm_matches_reference() {
         let alpha = g.storage("alpha", (attn_res::alpha_len(t, d, n_bank + 1) * 4) as u64);
         let sources = Sources { bank: &bb, n_bank, bank_stride: t * d, cur: &cb, add: add.then_some((&ab, &part)) };
         let mut enc = g.device.create_command_encoder(&Default::default());
-        attn_res::attn_res_norm(&g, &mut enc, t, d, eps, sources, Query { gamma: &gb, proj: &pb }, &nb, &out, &alpha, None).expect("attn_res_norm");
+        attn_res::attn_res_norm_via(&g, &mut enc, path, t, d, eps, sources, Query { gamma: &gb, proj: &pb }, &nb, &out, &alpha, None).expect("attn_res_norm");
         g.queue.submit([enc.finish()]);
         let got: Vec<f32> = g.read(&out, t * d).expect("read");
         let got_alpha: Vec<f32> = g.read(&alpha, t * (n_bank + 1)).expect("read");
@@ -73,7 +90,7 @@ fn attn_res_norm_matches_reference() {
             srcs.push(&c);
             let (h, want_alpha) = reference::attn_res::attn_res(&srcs, &gamma, &proj, eps);
             let want = reference::norm::rms_norm(&h, 1, d, &norm_w, eps);
-            let case = format!("t={t} d={d} n_bank={n_bank} add={add} token {tok}");
+            let case = format!("{path:?} t={t} d={d} n_bank={n_bank} add={add} token {tok}");
             let e = rel(&got[tok * d..(tok + 1) * d], &want);
             assert!(e < 1e-5, "{case}: out {e}");
             let ea = rel(&got_alpha[tok * (n_bank + 1)..(tok + 1) * (n_bank + 1)], &want_alpha);

@@ -18,7 +18,32 @@ shader_params!(
 // H200 (51.3 -> 61.6 us per 3 layers in the model bench, 2026-11-30).
 pub const ATTN_RES_SUMS: Kernel = Kernel::new("attn_res_sums", "attn_res", "attn_res_sums").unchecked();
 pub const ATTN_RES_MIX: Kernel = Kernel::new("attn_res_mix", "attn_res", "attn_res_mix");
-pub const KERNELS: &[Kernel] = &[ATTN_RES_SUMS, ATTN_RES_MIX];
+pub const ATTN_RES_ONE: Kernel = Kernel::new("attn_res_one", "attn_res", "attn_res_one");
+pub const KERNELS: &[Kernel] = &[ATTN_RES_SUMS, ATTN_RES_MIX, ATTN_RES_ONE];
+/// Threads of `attn_res_one`'s workgroup (ONE_WG in the shader); it mixes at most two vec4
+/// columns per thread.
+const ONE_WG: usize = 1024;
+
+/// How an aggregation is dispatched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnResPath {
+    /// `attn_res_one` for several tokens (prefill) where it fits ([`one_fits`]), else the two
+    /// passes; `K31_ATTN_RES=one` / `two` picks either wherever it fits (experiments). On the
+    /// H200 (2026-11-30) a 512-token chunk's aggregation took 0.05 ms in one dispatch against
+    /// 0.25 in two passes, but one decode token's 11.5-17.3 us against 12.9-16.6 (2-9
+    /// sources) and the decode spans +0.23 ms: a single workgroup's dependent load rounds.
+    Auto,
+    /// `attn_res_sums` (workgroups over source pairs and column chunks), then `attn_res_mix`.
+    TwoPass,
+    /// `attn_res_one`: one workgroup per token does the sums, the softmax and the mix.
+    OneDispatch,
+}
+
+/// Whether `attn_res_one` takes this shape on this adapter: whole vec4 rows (d and the bank
+/// stride multiples of 4), at most two vec4 columns per thread, 1024 invocations.
+pub fn one_fits(gpu: &Gpu, d: usize, bank_stride: usize) -> bool {
+    d.is_multiple_of(4) && bank_stride.is_multiple_of(4) && d <= 8 * ONE_WG && gpu.caps.max_invocations as usize >= ONE_WG
+}
 /// Most sources one aggregation takes (MAX_SOURCES in the shader).
 pub const MAX_SOURCES: usize = 16;
 /// Workgroup size of both passes, and floats of the shader's workgroup array.
@@ -82,7 +107,7 @@ pub fn attn_res(
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     let sources = Sources { bank, n_bank, bank_stride, cur, add: None };
-    record(gpu, enc, tokens, d, eps, sources, Query { gamma, proj }, None, out, alpha, profiler)
+    record(gpu, enc, AttnResPath::Auto, tokens, d, eps, sources, Query { gamma, proj }, None, out, alpha, profiler)
 }
 
 /// out [T, d] = RMSNorm(AttnRes(sources); norm_w [d] bf16, eps): an FFN's or mixer's input
@@ -101,13 +126,47 @@ pub fn attn_res_norm(
     alpha: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    record(gpu, enc, tokens, d, eps, sources, query, Some(norm_w), out, alpha, profiler)
+    record(gpu, enc, AttnResPath::Auto, tokens, d, eps, sources, query, Some(norm_w), out, alpha, profiler)
+}
+
+/// [`attn_res_norm`] through a chosen path (tests and benches compare them); `OneDispatch`
+/// where [`one_fits`] says no is an error.
+#[allow(clippy::too_many_arguments)]
+pub fn attn_res_norm_via(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    path: AttnResPath,
+    tokens: usize,
+    d: usize,
+    eps: f32,
+    sources: Sources<'_>,
+    query: Query<'_>,
+    norm_w: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    alpha: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    record(gpu, enc, path, tokens, d, eps, sources, query, Some(norm_w), out, alpha, profiler)
+}
+
+/// The path `Auto` takes for this shape.
+fn auto_path(gpu: &Gpu, tokens: usize, d: usize, bank_stride: usize) -> AttnResPath {
+    if !one_fits(gpu, d, bank_stride) {
+        return AttnResPath::TwoPass;
+    }
+    match std::env::var("K31_ATTN_RES").as_deref() {
+        Ok("one") => AttnResPath::OneDispatch,
+        Ok("two") => AttnResPath::TwoPass,
+        _ if tokens > 1 => AttnResPath::OneDispatch,
+        _ => AttnResPath::TwoPass,
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
 fn record(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
+    path: AttnResPath,
     tokens: usize,
     d: usize,
     eps: f32,
@@ -152,12 +211,21 @@ fn record(
     let (addend, part) = match s.add {
         Some(pair) => pair,
         None => {
-            dummy = gpu.scratch("attn-res no part", 4);
+            dummy = gpu.scratch("attn-res no part", 16);
             (s.cur, &dummy)
         }
     };
     // The sums pass reads bank entry 0 even without a bank (and drops it): give it rows.
     let bank = if s.n_bank == 0 { s.cur } else { s.bank };
+    let stride = if s.n_bank == 0 { 0 } else { s.bank_stride };
+    let path = if path == AttnResPath::Auto { auto_path(gpu, tokens, d, stride) } else { path };
+    if path == AttnResPath::OneDispatch {
+        if !one_fits(gpu, d, stride) {
+            return Err(GpuError::Shape(format!("attn_res_one: d {d} and bank stride {stride} must be multiples of 4, d at most {}, on an adapter with {ONE_WG} invocations per workgroup", 8 * ONE_WG)));
+        }
+        let one = [(1, bank), (2, s.cur), (3, q.gamma), (4, q.proj), (5, out), (6, alpha), (7, addend), (8, part), (9, norm_w.unwrap_or(q.gamma))];
+        return dispatch(gpu, enc, &ATTN_RES_ONE, &p, &one, (1, tokens as u32), profiler);
+    }
     let sums = [(1, bank), (2, s.cur), (3, q.gamma), (4, q.proj), (6, alpha), (7, addend), (8, part)];
     // One workgroup per (Gram entry, column chunk).
     let groups = (n * (n + 1) / 2 * d.div_ceil(chunk(d, n))) as u32;
