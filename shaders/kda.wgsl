@@ -261,22 +261,17 @@ fn decode_conv(ch: u32) -> f32 {
     return silu(z);
 }
 
-// Prologue shared by both tiled decode kernels: sh_q, sh_k (unnormalised), sh_d = exp(g) per
-// key channel, sh_vt for this tile's columns; tile 0 writes this token into the ring. With
-// `fused_f` the gate's f comes from fb_partials' sums in sh_fp (after a barrier, so the conv
-// goes first), else from fgate.
-fn decode_prologue(h: u32, tile: u32, lid: u32, fused_f: bool) {
-    var fb: FbLoads;
-    if (fused_f) {
-        fb = fb_load(h, lid);
-    }
+// Prologue of the tiled decode kernels: sh_q, sh_k (unnormalised), sh_vt for this tile's
+// columns, and sh_d = exp(g) per key channel from fgate where `gate_from_fgate`; tile 0 writes
+// this token into the ring.
+fn prologue_conv(h: u32, tile: u32, lid: u32, gate_from_fgate: bool) {
     let pd = p.heads * p.dk;
     let slot = (p.pos % p.taps) * 3u * pd;
     for (var c = lid; c < p.dk; c += DWG) {
         let ch = h * p.dk + c;
         sh_q[c] = decode_conv(ch);
         sh_k[c] = decode_conv(pd + ch);
-        if (!fused_f) {
+        if (gate_from_fgate) {
             sh_d[c] = exp(gate(h, c, fgate[ch]));
         }
         if (tile == 0u) {
@@ -290,16 +285,26 @@ fn decode_prologue(h: u32, tile: u32, lid: u32, fused_f: bool) {
         sh_vt[lid] = decode_conv(ch);
         ring[slot + ch] = qkv[ch];
     }
-    if (fused_f) {
-        fb_partials(fb, lid);
-        workgroupBarrier();
-        for (var c = lid; c < p.dk; c += DWG) {
-            var f = 0.0;
-            for (var j = 0u; j < FB_PARTS; j++) {
-                f += sh_fp[c * FB_PARTS + j];
-            }
-            sh_d[c] = exp(gate(h, c, f));
+}
+
+// kda_decode_t's prologue: the gate's f from fgate.
+fn prologue_plain(h: u32, tile: u32, lid: u32) {
+    prologue_conv(h, tile, lid, true);
+}
+
+// kda_decode_tg's prologue: f = W_fb f_a from fb_partials' sums in sh_fp (its loads issued
+// before the conv's, the sums after a barrier).
+fn prologue_fused(h: u32, tile: u32, lid: u32) {
+    let fb = fb_load(h, lid);
+    prologue_conv(h, tile, lid, false);
+    fb_partials(fb, lid);
+    workgroupBarrier();
+    for (var c = lid; c < p.dk; c += DWG) {
+        var f = 0.0;
+        for (var j = 0u; j < FB_PARTS; j++) {
+            f += sh_fp[c * FB_PARTS + j];
         }
+        sh_d[c] = exp(gate(h, c, f));
     }
 }
 
@@ -373,78 +378,8 @@ struct TileOut {
     o: vec4<f32>,
 }
 
-// The tiled decode of one workgroup's (head, column tile): the state update written back, o
-// returned to the column owners.
-fn decode_tile(wg: vec3<u32>, nwg: vec3<u32>, lid: u32, fused_f: bool) -> TileOut {
-    let dk4 = p.dk / 4u;
-    let tiles = (dk4 + TC4 - 1u) / TC4;
-    let id = wg.x + wg.y * nwg.x;
-    if (id >= p.heads * tiles) {
-        return TileOut(false, false, 0u, 0u, 0u, vec4<f32>(0.0));
-    }
-    let h = id / tiles;
-    let tile = id % tiles;
-    let c4 = lid % TC4;
-    let rg = lid / TC4;
-    let col4 = tile * TC4 + c4;
-    let live = col4 < dk4;
-    let base = h * p.dk * dk4 + col4;
-    var s: array<vec4<f32>, 16>;
-    for (var i = 0u; i < DRMAX; i++) {
-        let r = rg + i * DRG;
-        if (r < p.dk && live) {
-            s[i] = state[base + r * dk4];
-        }
-    }
-    decode_prologue(h, tile, lid, fused_f);
-    let beta = sigmoid(blog[h]);
-    workgroupBarrier();
-    var ak = vec4<f32>(0.0);
-    var aq = vec4<f32>(0.0);
-    var nrm = vec4<f32>(0.0);
-    for (var i = 0u; i < DRMAX; i++) {
-        let r = rg + i * DRG;
-        if (r < p.dk) {
-            let kr = sh_k[r];
-            let qr = sh_q[r];
-            s[i] *= sh_d[r];
-            ak += s[i] * kr;
-            aq += s[i] * qr;
-            nrm += vec4<f32>(kr * kr, qr * qr, qr * kr, 0.0);
-        }
-    }
-    sh_part[lid] = ak;
-    sh_part[DWG + lid] = aq;
-    sh_part[2u * DWG + lid] = nrm;
-    workgroupBarrier();
-    // 3 * TC4 threads each sum one (quantity, column) over the row groups.
-    if (lid < 3u * TC4) {
-        let x = lid / TC4;
-        var tot = vec4<f32>(0.0);
-        for (var g = 0u; g < DRG; g++) {
-            tot += sh_part[x * DWG + g * TC4 + lid % TC4];
-        }
-        sh_tot[lid] = tot;
-    }
-    workgroupBarrier();
-    let tn = sh_tot[2u * TC4 + c4];
-    let rk = inverseSqrt(tn.x + 1e-6);
-    let rq = inverseSqrt(tn.y + 1e-6) * p.scale;
-    let vv = vec4<f32>(sh_vt[4u * c4], sh_vt[4u * c4 + 1u], sh_vt[4u * c4 + 2u], sh_vt[4u * c4 + 3u]);
-    let u = beta * (vv - sh_tot[c4] * rk);
-    let o = sh_tot[TC4 + c4] * rq + u * (tn.z * rk * rq);
-    if (live) {
-        let uk = u * rk;
-        for (var i = 0u; i < DRMAX; i++) {
-            let r = rg + i * DRG;
-            if (r < p.dk) {
-                state[base + r * dk4] = s[i] + sh_k[r] * uk;
-            }
-        }
-    }
-    return TileOut(true, live && rg == 0u, h, col4, c4, o);
-}
-
+#include "lib/kda_decode_tile.wgsl" decode_tile=decode_tile_plain TILE_PROLOGUE=prologue_plain
+#include "lib/kda_decode_tile.wgsl" decode_tile=decode_tile_fused TILE_PROLOGUE=prologue_fused
 
 @compute @workgroup_size(DWG)
 fn kda_decode_t(
@@ -452,7 +387,7 @@ fn kda_decode_t(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let r = decode_tile(wg, nwg, lid, false);
+    let r = decode_tile_plain(wg, nwg, lid);
     if (r.owner) {
         let ob = r.h * p.dk + r.col4 * 4u;
         o_out[ob] = r.o.x;
@@ -503,7 +438,7 @@ fn kda_decode_tg(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let r = decode_tile(wg, nwg, lid, true);
+    let r = decode_tile_fused(wg, nwg, lid);
     if (!r.valid) {
         return;
     }

@@ -757,7 +757,6 @@ pub fn decode_with(
     check_variant(gpu, geom, variant)?;
     let bufs = decode_bindings(geom, inp, ring, state, o)?;
     let (kernel, cols) = variant.kernel();
-    let bufs = with_unread_fb(variant, &bufs, inp);
     // The per-forward uniform arena and bind-group cache: decode records this every token.
     gpu.dispatch(enc, kernel, &geom.params(1, pos), &bufs, (decode_groups(geom, cols), 1), profiler)
 }
@@ -785,16 +784,6 @@ fn core_bindings<'a>(
     check_inputs(geom, 1, inp, ring)?;
     need(state, geom.heads * geom.head_dim * geom.head_dim, "state [H, K, V]")?;
     Ok([(1, inp.qkv), (2, inp.f), (3, inp.b), (4, inp.conv_w), (5, inp.a_log), (6, inp.dt_bias), (7, ring), (8, state)])
-}
-
-/// The tiled kernels also declare kda_decode_tg's f_b bindings (18, 19), which they never read:
-/// any read-only buffer fills them.
-fn with_unread_fb<'a>(variant: DecodeVariant, bufs: &[(u32, &'a wgpu::Buffer)], inp: &KdaInputs<'a>) -> Vec<(u32, &'a wgpu::Buffer)> {
-    let mut v = bufs.to_vec();
-    if variant.shape().tiled {
-        v.extend([(18, inp.f), (19, inp.f)]);
-    }
-    v
 }
 
 /// Workgroups of one decode dispatch: every head's value columns in tiles of `cols`.
@@ -835,7 +824,6 @@ pub fn decode_one_pass(
     let mut binds = Vec::with_capacity(steps.len());
     for st in steps {
         let bufs = decode_bindings(geom, &st.inp, st.ring, st.state, st.o)?;
-        let bufs = with_unread_fb(variant, &bufs, &st.inp);
         let uniform = gpu.uniform("kda params", &geom.params(1, st.pos));
         let e: Vec<(u32, &wgpu::Buffer)> = std::iter::once((0, &uniform)).chain(bufs).collect();
         binds.push(gpu.bind_group(kernel, &pipeline, &e)?);
