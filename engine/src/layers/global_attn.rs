@@ -18,6 +18,9 @@ const SCORE_BUDGET: usize = 16 << 20;
 /// ~1300 queries; without the limit a long prompt would pass any binding).
 const PARTIALS_BUDGET: usize = 256 << 20;
 
+/// Positions the kept top-k scratch grows by.
+const TOPK_ROW_STEP: usize = 8192;
+
 /// The caches of one global layer for one sequence: the latent rows (c 512 | k_pe 64 for
 /// K3.1) and the index keys (128), both bf16, in pages that grow without copying.
 pub struct GlobalCache {
@@ -25,6 +28,10 @@ pub struct GlobalCache {
     pub keys: Option<PagedRows>,
     /// Positions written.
     pub len: usize,
+    /// The top-k select's scratch, kept from token to token (its kernels leave it zeroed):
+    /// fresh buffers each forward cost their allocation and wgpu's zero fill. Not part of a
+    /// snapshot.
+    topk: Option<TopkScratch>,
 }
 
 impl GlobalCache {
@@ -36,7 +43,7 @@ impl GlobalCache {
             Some(ix) => Some(PagedRows::new(gpu, "index-key cache", ix.head_dim, page0, max_context)?),
             None => None,
         };
-        Ok(GlobalCache { latent, keys, len: 0 })
+        Ok(GlobalCache { latent, keys, len: 0, topk: None })
     }
 
     /// Bytes per position of one layer's caches (bf16): (R + E + ID) * 2.
@@ -59,6 +66,17 @@ impl GlobalCache {
     /// Bytes allocated on the GPU (doubling pages: under three times `used_bytes` past the first page).
     pub fn allocated_bytes(&self) -> u64 {
         self.latent.allocated_bytes() + self.keys.as_ref().map_or(0, |k| k.allocated_bytes())
+    }
+
+    /// Makes the kept top-k scratch hold `rows` rows of `row_len` positions (grown in steps of
+    /// TOPK_ROW_STEP positions, so a decode reallocates it once per step, not per token).
+    fn ensure_topk(&mut self, gpu: &Gpu, rows: usize, row_len: usize, k: usize) -> Result<(), GpuError> {
+        let fits = self.topk.as_ref().is_some_and(|s| s.rows >= rows && s.row_len >= row_len && s.k == k);
+        if !fits {
+            let rows = rows.max(self.topk.as_ref().map_or(0, |s| s.rows));
+            self.topk = Some(TopkScratch::new(gpu, rows, row_len.next_multiple_of(TOPK_ROW_STEP), k)?);
+        }
+        Ok(())
     }
 
     fn ensure(&mut self, gpu: &Gpu, rows: usize) -> Result<(), GpuError> {
@@ -370,12 +388,14 @@ impl GlobalAttn {
         let o_b = block_buf(&o, "o block", tb * vo);
         let g_b = block_buf(&g, "gate block", tb * vo);
         let lse_b = block_buf(&lse, "lse block", tb * h);
-        let ix_state = match &self.indexer {
-            Some(ix) => {
-                let scratch = TopkScratch::new(gpu, tb.max(if opts.diagnostics { h } else { 1 }), n_pos, ix.topk)?;
+        if let Some(ix) = &self.indexer {
+            cache.ensure_topk(gpu, tb.max(if opts.diagnostics { h } else { 1 }), n_pos, ix.topk)?;
+        }
+        let ix_state = match (&self.indexer, &cache.topk) {
+            (Some(ix), Some(scratch)) => {
                 Some((ix, scratch, buf("scores [Tb, S]", tb * n_pos), block_buf(&qi, "qI block", tb * ih * id), block_buf(&wi, "wI block", tb * ih)))
             }
-            None => None,
+            _ => None,
         };
         let sel = buf("sel [Tb, k]", tb * ix_state.as_ref().map_or(1, |s| s.0.topk));
         let sel_score = buf("sel scores [Tb, k]", tb * ix_state.as_ref().map_or(1, |s| s.0.topk));
