@@ -97,6 +97,30 @@ fn pair(q: u32) -> vec2<u32> {
     return vec2<u32>(j, q - j * (j + 1u) / 2u);
 }
 
+// The softmax of the n scores in `weights`, in place: thread j < n takes source j, every sum
+// in source order, so the bits are those of one thread doing it all (which took ~3 us at 9
+// sources: a chain of dependent workgroup-memory reads quadratic in n). Returns thread j's
+// weight (0 past n). Called from uniform control flow (it holds a barrier).
+fn softmax_weights(lid: u32, n: u32) -> f32 {
+    var w_mine = 0.0;
+    if (lid < n) {
+        var mx = -3.40282347e38;
+        for (var j = 0u; j < n; j++) {
+            mx = max(mx, weights[j]);
+        }
+        var sum = 0.0;
+        for (var j = 0u; j < n; j++) {
+            sum += exp(weights[j] - mx);
+        }
+        w_mine = exp(weights[lid] - mx) / sum;
+    }
+    workgroupBarrier();
+    if (lid < n) {
+        weights[lid] = w_mine;
+    }
+    return w_mine;
+}
+
 @compute @workgroup_size(256)
 fn attn_res_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let n = p.n_bank + 1u;
@@ -195,31 +219,14 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         red[tot + m] = s;
     }
     workgroupBarrier();
-    // Softmax weights and the mix's inverse RMS: thread j < n takes source j, every sum in
-    // source order, so the bits are those of one thread doing it all (which took ~3 us at 9
-    // sources: a chain of dependent workgroup-memory reads quadratic in n).
+    // The scores, then their softmax and the mix's inverse RMS (thread j < n for source j).
     if (lid < n) {
         weights[lid] = red[tot + lid] * inverseSqrt(red[tot + n + lid * (lid + 1u) / 2u + lid] / f32(p.d) + p.eps);
     }
     workgroupBarrier();
-    var w_mine = 0.0;
-    if (lid < n) {
-        var mx = -3.40282347e38;
-        for (var j = 0u; j < n; j++) {
-            mx = max(mx, weights[j]);
-        }
-        var sum = 0.0;
-        for (var j = 0u; j < n; j++) {
-            sum += exp(weights[j] - mx);
-        }
-        w_mine = exp(weights[lid] - mx) / sum;
-    }
-    workgroupBarrier();
-    if (lid < n) {
-        weights[lid] = w_mine;
-        if (wg.x == 0u) {
-            alpha[t * n + lid] = w_mine;
-        }
+    let w_mine = softmax_weights(lid, n);
+    if (lid < n && wg.x == 0u) {
+        alpha[t * n + lid] = w_mine;
     }
     workgroupBarrier();
     // The mix's mean square from the Gram matrix: ||sum_j a_j v_j||^2 = sum_jk a_j a_k G_jk
@@ -457,21 +464,8 @@ fn attn_res_one(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         weights[lid] = one_dot[lid * tps] * inverseSqrt(one_sq[lid * tps] / f32(p.d) + p.eps);
     }
     workgroupBarrier();
-    var w_mine = 0.0;
+    let w_mine = softmax_weights(lid, n);
     if (lid < n) {
-        var mx = -3.40282347e38;
-        for (var k = 0u; k < n; k++) {
-            mx = max(mx, weights[k]);
-        }
-        var sum = 0.0;
-        for (var k = 0u; k < n; k++) {
-            sum += exp(weights[k] - mx);
-        }
-        w_mine = exp(weights[lid] - mx) / sum;
-    }
-    workgroupBarrier();
-    if (lid < n) {
-        weights[lid] = w_mine;
         alpha[t * n + lid] = w_mine;
     }
     workgroupBarrier();

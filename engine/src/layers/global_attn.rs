@@ -31,7 +31,7 @@ pub struct GlobalCache {
     /// The top-k select's scratch, kept from token to token (its kernels leave it zeroed):
     /// fresh buffers each forward cost their allocation and wgpu's zero fill. Not part of a
     /// snapshot.
-    topk: Option<TopkScratch>,
+    topk: Option<Box<TopkScratch>>,
 }
 
 impl GlobalCache {
@@ -74,7 +74,7 @@ impl GlobalCache {
         let fits = self.topk.as_ref().is_some_and(|s| s.rows >= rows && s.row_len >= row_len && s.k == k);
         if !fits {
             let rows = rows.max(self.topk.as_ref().map_or(0, |s| s.rows));
-            self.topk = Some(TopkScratch::new(gpu, rows, row_len.next_multiple_of(TOPK_ROW_STEP), k)?);
+            self.topk = Some(Box::new(TopkScratch::new(gpu, rows, row_len.next_multiple_of(TOPK_ROW_STEP), k)?));
         }
         Ok(())
     }
@@ -391,7 +391,7 @@ impl GlobalAttn {
         if let Some(ix) = &self.indexer {
             cache.ensure_topk(gpu, tb.max(if opts.diagnostics { h } else { 1 }), n_pos, ix.topk)?;
         }
-        let ix_state = match (&self.indexer, &cache.topk) {
+        let ix_state = match (&self.indexer, cache.topk.as_deref()) {
             (Some(ix), Some(scratch)) => {
                 Some((ix, scratch, buf("scores [Tb, S]", tb * n_pos), block_buf(&qi, "qI block", tb * ih * id), block_buf(&wi, "wI block", tb * ih)))
             }
