@@ -154,9 +154,11 @@ fn auto_path(gpu: &Gpu, tokens: usize, d: usize, bank_stride: usize) -> AttnResP
     if !one_fits(gpu, d, bank_stride) {
         return AttnResPath::TwoPass;
     }
-    match std::env::var("K31_ATTN_RES").as_deref() {
-        Ok("one") => AttnResPath::OneDispatch,
-        Ok("two") => AttnResPath::TwoPass,
+    // Read once per process: this runs for every aggregation of every token.
+    static FORCED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    match FORCED.get_or_init(|| std::env::var("K31_ATTN_RES").ok()).as_deref() {
+        Some("one") => AttnResPath::OneDispatch,
+        Some("two") => AttnResPath::TwoPass,
         _ if tokens > 1 => AttnResPath::OneDispatch,
         _ => AttnResPath::TwoPass,
     }
