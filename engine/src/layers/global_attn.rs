@@ -28,9 +28,10 @@ pub struct GlobalCache {
     pub keys: Option<PagedRows>,
     /// Positions written.
     pub len: usize,
-    /// The top-k select's scratch, kept from token to token (its kernels leave it zeroed):
-    /// fresh buffers each forward cost their allocation and wgpu's zero fill. Not part of a
-    /// snapshot.
+    /// The decode's top-k scratch (one row), kept from token to token (its kernels leave it
+    /// zeroed): fresh buffers each token cost their allocation and wgpu's zero fill. Prefill
+    /// blocks take theirs per forward (several rows of the whole context: kept, 24 layers' of
+    /// them would hold gigabytes at 1M). Not part of a snapshot.
     topk: Option<Box<TopkScratch>>,
 }
 
@@ -68,13 +69,11 @@ impl GlobalCache {
         self.latent.allocated_bytes() + self.keys.as_ref().map_or(0, |k| k.allocated_bytes())
     }
 
-    /// Makes the kept top-k scratch hold `rows` rows of `row_len` positions (grown in steps of
+    /// Makes the kept one-row top-k scratch hold `row_len` positions (grown in steps of
     /// TOPK_ROW_STEP positions, so a decode reallocates it once per step, not per token).
-    fn ensure_topk(&mut self, gpu: &Gpu, rows: usize, row_len: usize, k: usize) -> Result<(), GpuError> {
-        let fits = self.topk.as_ref().is_some_and(|s| s.rows >= rows && s.row_len >= row_len && s.k == k);
-        if !fits {
-            let rows = rows.max(self.topk.as_ref().map_or(0, |s| s.rows));
-            self.topk = Some(Box::new(TopkScratch::new(gpu, rows, row_len.next_multiple_of(TOPK_ROW_STEP), k)?));
+    fn ensure_decode_topk(&mut self, gpu: &Gpu, row_len: usize, k: usize) -> Result<(), GpuError> {
+        if !self.topk.as_ref().is_some_and(|s| s.row_len >= row_len && s.k == k) {
+            self.topk = Some(Box::new(TopkScratch::new(gpu, 1, row_len.next_multiple_of(TOPK_ROW_STEP), k)?));
         }
         Ok(())
     }
@@ -388,14 +387,22 @@ impl GlobalAttn {
         let o_b = block_buf(&o, "o block", tb * vo);
         let g_b = block_buf(&g, "gate block", tb * vo);
         let lse_b = block_buf(&lse, "lse block", tb * h);
-        if let Some(ix) = &self.indexer {
-            cache.ensure_topk(gpu, tb.max(if opts.diagnostics { h } else { 1 }), n_pos, ix.topk)?;
-        }
-        let ix_state = match (&self.indexer, cache.topk.as_deref()) {
-            (Some(ix), Some(scratch)) => {
+        let topk_rows = tb.max(if opts.diagnostics { h } else { 1 });
+        let block_topk = match &self.indexer {
+            Some(ix) if topk_rows == 1 => {
+                cache.ensure_decode_topk(gpu, n_pos, ix.topk)?;
+                None
+            }
+            Some(ix) => Some(TopkScratch::new(gpu, topk_rows, n_pos, ix.topk)?),
+            None => None,
+        };
+        let ix_state = match &self.indexer {
+            Some(ix) => {
+                // A prefill block's own scratch, else the decode's kept one (made just above).
+                let scratch = block_topk.as_ref().or(cache.topk.as_deref()).ok_or_else(|| err(format!("global layer {}: no top-k scratch", self.layer)))?;
                 Some((ix, scratch, buf("scores [Tb, S]", tb * n_pos), block_buf(&qi, "qI block", tb * ih * id), block_buf(&wi, "wI block", tb * ih)))
             }
-            _ => None,
+            None => None,
         };
         let sel = buf("sel [Tb, k]", tb * ix_state.as_ref().map_or(1, |s| s.0.topk));
         let sel_score = buf("sel scores [Tb, k]", tb * ix_state.as_ref().map_or(1, |s| s.0.topk));
