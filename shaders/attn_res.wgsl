@@ -308,18 +308,18 @@ var<workgroup> one_sq: array<f32, 1024>;
 @group(0) @binding(8) var<storage, read_write> part4: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> out4: array<vec4<f32>>;
 
+// The four bf16 of two words (low half first), as f32.
+fn bf16x4(w0: u32, w1: u32) -> vec4<f32> {
+    return vec4<f32>(bf16_of(w0, 0u), bf16_of(w0, 1u), bf16_of(w1, 0u), bf16_of(w1, 1u));
+}
+
 // gamma * proj at vec4 column g.
 fn query4(g: u32) -> vec4<f32> {
-    let ga = vec4<f32>(bitcast<f32>(gamma[2u * g] << 16u), bitcast<f32>(gamma[2u * g] & 0xffff0000u),
-                       bitcast<f32>(gamma[2u * g + 1u] << 16u), bitcast<f32>(gamma[2u * g + 1u] & 0xffff0000u));
-    let pr = vec4<f32>(bitcast<f32>(proj[2u * g] << 16u), bitcast<f32>(proj[2u * g] & 0xffff0000u),
-                       bitcast<f32>(proj[2u * g + 1u] << 16u), bitcast<f32>(proj[2u * g + 1u] & 0xffff0000u));
-    return ga * pr;
+    return bf16x4(gamma[2u * g], gamma[2u * g + 1u]) * bf16x4(proj[2u * g], proj[2u * g + 1u]);
 }
 
 fn norm4(g: u32) -> vec4<f32> {
-    return vec4<f32>(bitcast<f32>(norm_w[2u * g] << 16u), bitcast<f32>(norm_w[2u * g] & 0xffff0000u),
-                     bitcast<f32>(norm_w[2u * g + 1u] << 16u), bitcast<f32>(norm_w[2u * g + 1u] & 0xffff0000u));
+    return bf16x4(norm_w[2u * g], norm_w[2u * g + 1u]);
 }
 
 // The current partial of token t at vec4 column g.

@@ -84,8 +84,7 @@ pub const FAST_VARIANTS: &[Kernel] =
 
 /// Rows one workgroup of a fast-path variant covers.
 fn rows_of(kernel: &Kernel) -> u32 {
-    let c = |name: &str| kernel.constants.iter().find(|(n, _)| *n == name).map(|&(_, v)| v as u32);
-    c("RPW").or(c("ROWS")).unwrap_or(1)
+    kernel.constant("RPW").or(kernel.constant("ROWS")).map_or(1, |v| v as u32)
 }
 
 /// Records `y[0..rows] = W x` into `enc`, one dispatch per chunk of W.

@@ -722,8 +722,8 @@ pub fn decode_gated(
 /// totals, v, f_b partials) plus the column sums.
 pub fn gated_fits(gpu: &Gpu, geom: &KdaGeom, w_fb: &GpuTensor) -> bool {
     let (cols, threads) = tg_shape();
-    // ... plus o . o per column vec4 (sh_sq).
-    let shared = tiled_shared_bytes(threads, cols) + 4 * (cols / 4);
+    // ... plus the f_b partials [threads] (sh_fp) and o . o per column vec4 (sh_sq).
+    let shared = tiled_shared_bytes(threads, cols) + 4 * threads + 4 * (cols / 4);
     geom.head_dim <= cols
         && geom.taps <= DECODE_TAPS
         && w_fb.dtype == DType::BF16
@@ -734,10 +734,9 @@ pub fn gated_fits(gpu: &Gpu, geom: &KdaGeom, w_fb: &GpuTensor) -> bool {
 }
 
 /// Workgroup memory of kda_decode_t with `threads` threads and `cols` columns: partials
-/// [3, threads] vec4, q / k / decay [3, 256], totals [3, cols / 4] vec4, v [cols], f_b
-/// partials [threads].
+/// [3, threads] vec4, q / k / decay [3, 256], totals [3, cols / 4] vec4, v [cols].
 fn tiled_shared_bytes(threads: usize, cols: usize) -> usize {
-    16 * 3 * threads + 4 * 3 * 256 + 16 * 3 * cols / 4 + 4 * cols + 4 * threads
+    16 * 3 * threads + 4 * 3 * 256 + 16 * 3 * cols / 4 + 4 * cols
 }
 
 /// [`decode`] through a given kernel variant.
