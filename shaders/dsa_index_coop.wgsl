@@ -2,23 +2,22 @@
 // only (32 heads x 128): the same contract as index_scores in indexer.wgsl (its SIMT twin),
 //   I[t, s] = w_scale * sum_j w[t, j] * relu(q[t, j] . k[s])      for s <= q_pos0 + t, else -inf.
 //
-// Per workgroup (8 subgroups of 32; the host runs this only where the subgroup size is 32; needs
-// the subgroup feature for subgroup_id) and
-// query t (workgroup_id.y), tiles of TILE = 64 positions, grid-strided over the row:
-//   C[32 heads, 64 positions] = Q[32, 128] K^T[128, 64]
-// subgroup w owns heads 16 (w / 4) .. +15 and positions 16 (w % 4) .. +15 of the tile: its 8
-// A fragments (Q rows, f16) stay in registers for the whole kernel; keys are loaded as bf16,
-// converted to f16 (exact for the LayerNorm'd key range) into workgroup memory (B fragments,
-// column-major = one key per column), and the next tile's keys are already in flight while the
-// current tile is multiplied. The accumulators go to workgroup memory (no per-element coop
-// access), then 4 threads per position apply ReLU and the head weights and sum.
+// One workgroup (8 subgroups of 32; the host runs this only where the subgroup size is 32) per
+// query t (workgroup_id.y), grid-strided over tiles of TILE = 128 positions:
+//   C[32 heads, 128 positions] = Q[32, 128] K^T[128, 128]
+// Subgroup w owns positions 16 w .. +15 of the tile and all 32 heads: two accumulator chains (heads
+// 0-15 and 16-31) share each key fragment, and its 32 A fragments (q for both head halves, hi and
+// lo) stay in registers for the whole kernel. Keys are loaded as bf16 (the next tile's eight
+// loads per thread under one branch, in flight while this tile is multiplied), converted to f16
+// into workgroup memory (rows padded to 272 bytes: conflict-free fragment loads), one key per
+// column of B. The accumulators go through workgroup memory, one head half at a time, to the
+// ReLU and head-weight sum (two lanes per position, joined by a shuffle).
 // QSPLIT: q = hi + lo with both parts f16, two products per fragment; without it q is rounded to
 // f16 (about 5e-4 relative per head dot).
-// EXACT (with QSPLIT): the precision scheme of dsa_index_coop2.wgsl, which the H200 measured at
-// f32 agreement (5e-7 of the largest score, every top-2048 equal): q scaled per head by a power
-// of two and split by masking (the earlier lo = f16(x - f32(f16(x))) measured no better than q
-// in f16 alone: the driver folds f32(f16(x)) to x), keys scaled by KEY_SCALE into the exact f16
-// range, positions with a key beyond it recomputed in f32. Without EXACT: the original kernel.
+// EXACT (with QSPLIT): f32 agreement (5e-7 of the largest score on the H200): q scaled per head by
+// a power of two and split by masking (lo = f16(x - f32(f16(x))) would be folded to zero by the
+// driver), keys scaled by KEY_SCALE into the exact f16 range, positions with a key beyond it
+// recomputed in f32.
 
 enable f16;
 enable wgpu_cooperative_matrix;
@@ -39,11 +38,13 @@ override EXACT: bool = true;
 override KEY_SCALE: f32 = 1024.0;
 const IH: u32 = 32u;
 const ID: u32 = 128u;
-const TILE: u32 = 64u;
+const TILE: u32 = 128u;
 const WG: u32 = 256u;
-const KV4: u32 = 32u; // vec4<f16> per key row
-const CS: u32 = 20u;  // f32 stride between positions of a staged accumulator tile (16 + 4: banks)
-const LOADS: u32 = 4u; // vec4<u32> (8 bf16) key loads per thread per tile: TILE * 16 / WG
+const KV4: u32 = 32u;   // vec4<f16> per key row
+const KS4: u32 = 34u;   // row stride of staged keys and q in workgroup memory (vec4<f16>)
+const CS: u32 = 20u;    // f32 stride between positions of a staged accumulator tile (16 + 4: banks)
+const LOADS: u32 = 8u;  // vec4<u32> (8 bf16) key loads per thread per tile: TILE * 16 / WG
+const ROWS: u32 = 16u;  // tile rows one load step covers: WG / 16
 
 @group(0) @binding(0) var<uniform> p: IndexParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
@@ -51,17 +52,13 @@ const LOADS: u32 = 4u; // vec4<u32> (8 bf16) key loads per thread per tile: TILE
 @group(0) @binding(3) var<storage, read_write> scores: array<f32>;
 #include "lib/index_keys.wgsl"
 
-var<workgroup> kt: array<vec4<f16>, 2048>; // TILE keys x 32 vec4<f16>
-var<workgroup> qh: array<vec4<f16>, 1024>; // [32 heads, 128] f16(q)
-var<workgroup> ql: array<vec4<f16>, 1024>; // [32 heads, 128] f16(q - f16(q))
-var<workgroup> cs: array<f32, 2560>;       // 8 tiles x 16 positions x CS
+var<workgroup> kt: array<vec4<f16>, 4352>;  // TILE keys x KS4 (also q's staging before the loop)
+var<workgroup> cs: array<f32, 2560>;        // per subgroup a 16 x 16 tile, positions CS apart
 var<workgroup> ws: array<f32, 32>;
-var<workgroup> red: array<f32, 256>;
 var<workgroup> hs: array<f32, 32>;          // undoes the q and key scales (EXACT)
 var<workgroup> qs: array<f32, 32>;          // per-head power-of-two scale of q (EXACT)
 var<workgroup> qmb: array<atomic<u32>, 32>; // per head: max |q| as f32 bits
-var<workgroup> bad: array<u32, 64>;         // per tile position: key beyond the exact range
-
+var<workgroup> bad: array<u32, 128>;        // per tile position: key beyond the exact range
 
 #include "lib/page_locate.wgsl"
 
@@ -73,20 +70,34 @@ fn bf_hi(x: u32) -> f32 {
     return bitcast<f32>(x & 0xffff0000u);
 }
 
-// Load j of this thread for the tile at s0: key row s0 + (j * WG + lid) / 16, 8 values.
-fn load_keys(s0: u32, j: u32, lid: u32) -> vec4<u32> {
-    let e = j * WG + lid;
-    let pos = s0 + e / 16u;
-    if (pos >= p.n_pos) {
-        return vec4<u32>(0u);
-    }
+// This thread's loads of the tile at s0: 16-byte chunk lid % 16 of rows s0 + lid / 16 + 16 j.
+// One branch when they share a page (always, for pages of 128 rows or more), else one by one.
+fn load_tile(s0: u32, lid: u32) -> array<vec4<u32>, LOADS> {
+    let pos = s0 + lid / 16u;
     let at = locate(pos);
-    return key_vec(at.x, at.y * 16u + e % 16u);
+    if (pos + (LOADS - 1u) * ROWS < p.n_pos && locate(pos + (LOADS - 1u) * ROWS).x == at.x) {
+        return key_vec8(at.x, at.y * 16u + lid % 16u, ROWS * 16u);
+    }
+    // (Spelled out: a dynamically indexed private array goes to local memory on this driver.)
+    return array<vec4<u32>, LOADS>(
+        key_row(pos, lid), key_row(pos + ROWS, lid), key_row(pos + 2u * ROWS, lid), key_row(pos + 3u * ROWS, lid),
+        key_row(pos + 4u * ROWS, lid), key_row(pos + 5u * ROWS, lid), key_row(pos + 6u * ROWS, lid), key_row(pos + 7u * ROWS, lid),
+    );
 }
 
+// 16-byte chunk lid % 16 of key row r (zero past n_pos).
+fn key_row(r: u32, lid: u32) -> vec4<u32> {
+    if (r >= p.n_pos) {
+        return vec4<u32>(0u);
+    }
+    let a = locate(r);
+    return key_vec(a.x, a.y * 16u + lid % 16u);
+}
+
+// Load j of this thread as f16 into its tile row (scaled into the exact range with EXACT).
 fn stage_keys(v: vec4<u32>, j: u32, lid: u32) {
-    let e = j * WG + lid;
-    let at = (e / 16u) * KV4 + (e % 16u) * 2u;
+    let row = lid / 16u + j * ROWS;
+    let at = row * KS4 + (lid % 16u) * 2u;
     let f0 = vec4<f32>(bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y));
     let f1 = vec4<f32>(bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w));
     var ks = 1.0;
@@ -94,7 +105,7 @@ fn stage_keys(v: vec4<u32>, j: u32, lid: u32) {
         ks = KEY_SCALE;
         let m4 = max(abs(f0), abs(f1));
         if (!(max(max(m4.x, m4.y), max(m4.z, m4.w)) * KEY_SCALE <= 65504.0)) {
-            bad[e / 16u] = 1u;
+            bad[row] = 1u;
         }
     }
     kt[at] = vec4<f16>(f0 * ks);
@@ -119,22 +130,40 @@ fn exact_score(t: u32, pos: u32) -> f32 {
     return s;
 }
 
-fn a_hi(mt: u32, kk: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&qh[mt * 16u * KV4 + kk * 4u], KV4);
-}
-
-fn a_lo(mt: u32, kk: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&ql[mt * 16u * KV4 + kk * 4u], KV4);
-}
-
-// One k-step (dims 16 kk .. +15) of the subgroup's tile: B = 16 keys (columns) x 16 dims.
-fn kstep(acc: coop_mat16x16<f32, C>, ah: coop_mat16x16<f16, A>, al: coop_mat16x16<f16, A>, nt: u32, kk: u32) -> coop_mat16x16<f32, C> {
-    let b = coopLoad<coop_mat16x16<f16, B>>(&kt[nt * 16u * KV4 + kk * 4u], KV4);
-    var r = coopMultiplyAdd(ah, b, acc);
-    if (QSPLIT) {
-        r = coopMultiplyAdd(al, b, r);
+// q (scaled per head) into kt rows 0..31: its hi part, or with lo its residual.
+fn stage_q(t: u32, lid: u32, lo: bool) {
+    for (var i = lid; i < IH * ID / 4u; i += WG) {
+        let x = q[t * (IH * ID / 4u) + i] * qs[i / KV4];
+        var h: vec4<f32>;
+        if (EXACT) {
+            // hi = top 11 significant bits (exact in f16, not foldable), lo = x - hi exact in f32.
+            h = bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) & vec4<u32>(0xffffe000u));
+        } else {
+            h = vec4<f32>(vec4<f16>(x));
+        }
+        kt[(i / KV4) * KS4 + i % KV4] = vec4<f16>(select(h, x - h, lo));
     }
-    return r;
+}
+
+// A fragment of q staged in kt: heads 16 mt .. +15, dims 16 kk .. +15.
+fn a_frag(mt: u32, kk: u32) -> coop_mat16x16<f16, A> {
+    return coopLoadT<coop_mat16x16<f16, A>>(&kt[mt * 16u * KS4 + kk * 4u], KS4);
+}
+
+// B fragment: dims 16 kk .. +15 (rows) of the subgroup's 16 positions (columns).
+fn b_frag(sg: u32, kk: u32) -> coop_mat16x16<f16, B> {
+    return coopLoad<coop_mat16x16<f16, B>>(&kt[sg * 16u * KS4 + kk * 4u], KS4);
+}
+
+// ReLU and head weights of one head half (16 heads) of this lane's position, from cs.
+fn head_half(sg: u32, lane: u32, mt: u32) -> f32 {
+    let at = sg * 16u * CS + (lane % 16u) * CS + (lane / 16u) * 8u;
+    let h0 = mt * 16u + (lane / 16u) * 8u;
+    var sum = 0.0;
+    for (var j = 0u; j < 8u; j++) {
+        sum += ws[h0 + j] * max(cs[at + j] * hs[h0 + j], 0.0);
+    }
+    return sum;
 }
 
 @compute @workgroup_size(256)
@@ -143,6 +172,7 @@ fn index_scores_coop(
     @builtin(num_workgroups) nwg: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) lane: u32,
 ) {
     let t = wg.y;
     if (lid < IH) {
@@ -171,95 +201,121 @@ fn index_scores_coop(
         hs[lid] = select(1.0, ldexp(1.0, -e) / KEY_SCALE, EXACT);
     }
     workgroupBarrier();
-    for (var i = lid; i < IH * ID / 4u; i += WG) {
-        let x = q[t * (IH * ID / 4u) + i] * qs[i / KV4];
-        if (EXACT) {
-            // hi = top 11 significant bits (exact in f16, not foldable), lo = x - hi exact in f32.
-            let h = bitcast<vec4<f32>>(bitcast<vec4<u32>>(x) & vec4<u32>(0xffffe000u));
-            qh[i] = vec4<f16>(h);
-            ql[i] = vec4<f16>(x - h);
-        } else {
-            let h = vec4<f16>(x);
-            qh[i] = h;
-            ql[i] = vec4<f16>(x - vec4<f32>(h));
-        }
-    }
+    stage_q(t, lid, false);
     workgroupBarrier();
-    // Subgroup sg (of 8: the host runs this kernel only where subgroups are 32 wide) owns one
-    // 16 x 16 output tile; coop operands are addressed by sg alone (subgroup-uniform).
-    let mt = sg / 4u;
-    let nt = sg % 4u;
-    let ah0 = a_hi(mt, 0u);
-    let ah1 = a_hi(mt, 1u);
-    let ah2 = a_hi(mt, 2u);
-    let ah3 = a_hi(mt, 3u);
-    let ah4 = a_hi(mt, 4u);
-    let ah5 = a_hi(mt, 5u);
-    let ah6 = a_hi(mt, 6u);
-    let ah7 = a_hi(mt, 7u);
-    let al0 = a_lo(mt, 0u);
-    let al1 = a_lo(mt, 1u);
-    let al2 = a_lo(mt, 2u);
-    let al3 = a_lo(mt, 3u);
-    let al4 = a_lo(mt, 4u);
-    let al5 = a_lo(mt, 5u);
-    let al6 = a_lo(mt, 6u);
-    let al7 = a_lo(mt, 7u);
+    let h00 = a_frag(0u, 0u);
+    let h01 = a_frag(0u, 1u);
+    let h02 = a_frag(0u, 2u);
+    let h03 = a_frag(0u, 3u);
+    let h04 = a_frag(0u, 4u);
+    let h05 = a_frag(0u, 5u);
+    let h06 = a_frag(0u, 6u);
+    let h07 = a_frag(0u, 7u);
+    let h10 = a_frag(1u, 0u);
+    let h11 = a_frag(1u, 1u);
+    let h12 = a_frag(1u, 2u);
+    let h13 = a_frag(1u, 3u);
+    let h14 = a_frag(1u, 4u);
+    let h15 = a_frag(1u, 5u);
+    let h16 = a_frag(1u, 6u);
+    let h17 = a_frag(1u, 7u);
+    workgroupBarrier();
+    stage_q(t, lid, true);
+    workgroupBarrier();
+    let l00 = a_frag(0u, 0u);
+    let l01 = a_frag(0u, 1u);
+    let l02 = a_frag(0u, 2u);
+    let l03 = a_frag(0u, 3u);
+    let l04 = a_frag(0u, 4u);
+    let l05 = a_frag(0u, 5u);
+    let l06 = a_frag(0u, 6u);
+    let l07 = a_frag(0u, 7u);
+    let l10 = a_frag(1u, 0u);
+    let l11 = a_frag(1u, 1u);
+    let l12 = a_frag(1u, 2u);
+    let l13 = a_frag(1u, 3u);
+    let l14 = a_frag(1u, 4u);
+    let l15 = a_frag(1u, 5u);
+    let l16 = a_frag(1u, 6u);
+    let l17 = a_frag(1u, 7u);
     let tiles = (p.n_pos + TILE - 1u) / TILE;
     let last = p.q_pos0 + t;
-    // Epilogue mapping: 4 threads per position, 8 heads each.
-    let ep = lid / 4u;
-    let eq = lid % 4u;
-    let e_tile = (eq / 2u) * 4u + ep / 16u;
-    let e_at = e_tile * 16u * CS + (ep % 16u) * CS + (eq % 2u) * 8u;
     var tile = wg.x;
     var kv: array<vec4<u32>, LOADS>;
-    for (var j = 0u; j < LOADS; j++) {
-        kv[j] = select(vec4<u32>(0u), load_keys(tile * TILE, j, lid), tile < tiles);
+    if (tile < tiles) {
+        kv = load_tile(tile * TILE, lid);
     }
     while (tile < tiles) {
         let s0 = tile * TILE;
-        workgroupBarrier();
-        for (var j = 0u; j < LOADS; j++) {
-            stage_keys(kv[j], j, lid);
-        }
+        workgroupBarrier(); // the previous tile's keys and accumulators are consumed
+        stage_keys(kv[0], 0u, lid);
+        stage_keys(kv[1], 1u, lid);
+        stage_keys(kv[2], 2u, lid);
+        stage_keys(kv[3], 3u, lid);
+        stage_keys(kv[4], 4u, lid);
+        stage_keys(kv[5], 5u, lid);
+        stage_keys(kv[6], 6u, lid);
+        stage_keys(kv[7], 7u, lid);
         let next = tile + nwg.x;
         if (next < tiles) {
-            for (var j = 0u; j < LOADS; j++) {
-                kv[j] = load_keys(next * TILE, j, lid);
-            }
+            kv = load_tile(next * TILE, lid);
         }
         workgroupBarrier();
-        var acc = coop_mat16x16<f32, C>();
-        acc = kstep(acc, ah0, al0, nt, 0u);
-        acc = kstep(acc, ah1, al1, nt, 1u);
-        acc = kstep(acc, ah2, al2, nt, 2u);
-        acc = kstep(acc, ah3, al3, nt, 3u);
-        acc = kstep(acc, ah4, al4, nt, 4u);
-        acc = kstep(acc, ah5, al5, nt, 5u);
-        acc = kstep(acc, ah6, al6, nt, 6u);
-        acc = kstep(acc, ah7, al7, nt, 7u);
-        coopStore(acc, &cs[sg * 16u * CS], CS);
+        var c0 = coop_mat16x16<f32, C>();
+        var c1 = coop_mat16x16<f32, C>();
+        var b = b_frag(sg, 0u);
+        c0 = coopMultiplyAdd(h00, b, c0);
+        c1 = coopMultiplyAdd(h10, b, c1);
+        if (QSPLIT) { c0 = coopMultiplyAdd(l00, b, c0); c1 = coopMultiplyAdd(l10, b, c1); }
+        b = b_frag(sg, 1u);
+        c0 = coopMultiplyAdd(h01, b, c0);
+        c1 = coopMultiplyAdd(h11, b, c1);
+        if (QSPLIT) { c0 = coopMultiplyAdd(l01, b, c0); c1 = coopMultiplyAdd(l11, b, c1); }
+        b = b_frag(sg, 2u);
+        c0 = coopMultiplyAdd(h02, b, c0);
+        c1 = coopMultiplyAdd(h12, b, c1);
+        if (QSPLIT) { c0 = coopMultiplyAdd(l02, b, c0); c1 = coopMultiplyAdd(l12, b, c1); }
+        b = b_frag(sg, 3u);
+        c0 = coopMultiplyAdd(h03, b, c0);
+        c1 = coopMultiplyAdd(h13, b, c1);
+        if (QSPLIT) { c0 = coopMultiplyAdd(l03, b, c0); c1 = coopMultiplyAdd(l13, b, c1); }
+        b = b_frag(sg, 4u);
+        c0 = coopMultiplyAdd(h04, b, c0);
+        c1 = coopMultiplyAdd(h14, b, c1);
+        if (QSPLIT) { c0 = coopMultiplyAdd(l04, b, c0); c1 = coopMultiplyAdd(l14, b, c1); }
+        b = b_frag(sg, 5u);
+        c0 = coopMultiplyAdd(h05, b, c0);
+        c1 = coopMultiplyAdd(h15, b, c1);
+        if (QSPLIT) { c0 = coopMultiplyAdd(l05, b, c0); c1 = coopMultiplyAdd(l15, b, c1); }
+        b = b_frag(sg, 6u);
+        c0 = coopMultiplyAdd(h06, b, c0);
+        c1 = coopMultiplyAdd(h16, b, c1);
+        if (QSPLIT) { c0 = coopMultiplyAdd(l06, b, c0); c1 = coopMultiplyAdd(l16, b, c1); }
+        b = b_frag(sg, 7u);
+        c0 = coopMultiplyAdd(h07, b, c0);
+        c1 = coopMultiplyAdd(h17, b, c1);
+        if (QSPLIT) { c0 = coopMultiplyAdd(l07, b, c0); c1 = coopMultiplyAdd(l17, b, c1); }
+        coopStore(c0, &cs[sg * 16u * CS], CS);
         workgroupBarrier();
-        let h0 = eq * 8u;
-        var sum = 0.0;
-        for (var j = 0u; j < 8u; j++) {
-            sum += ws[h0 + j] * max(cs[e_at + j] * hs[h0 + j], 0.0);
-        }
-        red[lid] = sum;
+        var sum = head_half(sg, lane, 0u);
         workgroupBarrier();
-        if (lid < TILE) {
-            let pos = s0 + lid;
-            if (pos < p.n_pos) {
-                var v = red[4u * lid] + red[4u * lid + 1u] + red[4u * lid + 2u] + red[4u * lid + 3u];
-                if (pos > last) {
-                    v = bitcast<f32>(0xff800000u);
-                } else if (EXACT && bad[lid] != 0u) {
-                    v = exact_score(t, pos);
-                }
-                scores[t * p.row_stride + pos] = v;
+        coopStore(c1, &cs[sg * 16u * CS], CS);
+        workgroupBarrier();
+        sum += head_half(sg, lane, 1u);
+        sum += subgroupShuffleXor(sum, 16u);
+        let row = sg * 16u + lane;
+        let pos = s0 + row;
+        if (lane < 16u && pos < p.n_pos) {
+            var v = sum;
+            if (pos > last) {
+                v = bitcast<f32>(0xff800000u);
+            } else if (EXACT && bad[row] != 0u) {
+                v = exact_score(t, pos);
             }
-            bad[lid] = 0u;
+            scores[t * p.row_stride + pos] = v;
+        }
+        if (lane < 16u) {
+            bad[row] = 0u;
         }
         tile = next;
     }

@@ -215,16 +215,28 @@ fn indexer_scores_and_selection_match_goldens() {
 fn auto_indexer_picks_by_row_length_and_environment() {
     use dsa::IndexVariant::{Coop, Simt, Tiled};
     let min = dsa::TILED_INDEX_MIN_POS;
+    let coop = dsa::COOP_INDEX_MIN_POS;
+    assert!(coop >= min);
+    // Without cooperative matrices: SIMT, then tiled.
+    assert_eq!(dsa::auto_index(min - 1, None, None, false), Simt);
+    assert_eq!(dsa::auto_index(min, None, None, false), Tiled);
+    assert_eq!(dsa::auto_index(1 << 20, None, None, false), Tiled);
+    // With them: coop from its length on.
     assert_eq!(dsa::auto_index(min - 1, None, None, true), Simt);
-    assert_eq!(dsa::auto_index(min, None, None, true), Tiled);
-    assert_eq!(dsa::auto_index(1 << 20, None, None, true), Tiled, "coop only when asked");
+    let below = if coop > min { Tiled } else { Simt };
+    assert_eq!(dsa::auto_index(coop - 1, None, None, true), below);
+    assert_eq!(dsa::auto_index(coop, None, None, true), Coop);
+    assert_eq!(dsa::auto_index(1 << 20, None, None, true), Coop);
+    assert_eq!(dsa::auto_index(coop, Some("0"), None, true), Tiled, "coop switched off");
+    assert_eq!(dsa::auto_index(coop, None, Some("tiled"), true), Tiled);
     assert_eq!(dsa::auto_index(1, Some("1"), None, true), Coop);
     assert_eq!(dsa::auto_index(1 << 20, Some("1"), None, false), Tiled, "no coop on this adapter");
     assert_eq!(dsa::auto_index(1 << 20, Some("0"), Some("simt"), true), Simt);
     assert_eq!(dsa::auto_index(1, None, Some("tiled"), false), Tiled);
     for env in [Some("TILED"), Some(""), Some("coop")] {
-        assert_eq!(dsa::auto_index(min - 1, None, env, true), Simt, "{env:?} keeps the length rule");
-        assert_eq!(dsa::auto_index(min, None, env, true), Tiled, "{env:?} keeps the length rule");
+        assert_eq!(dsa::auto_index(min - 1, None, env, false), Simt, "{env:?} keeps the length rule");
+        assert_eq!(dsa::auto_index(min, None, env, false), Tiled, "{env:?} keeps the length rule");
+        assert_eq!(dsa::auto_index(coop, None, env, true), Coop, "{env:?} keeps the length rule");
     }
 }
 

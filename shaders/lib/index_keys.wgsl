@@ -38,3 +38,26 @@ fn key_vec(page: u32, i: u32) -> vec4<u32> {
         default: { return k15[i]; }
     }
 }
+
+// Eight 16-byte loads from one page, `stride` apart, under one branch: all in flight together
+// (a load per branch waits for each before the next).
+fn key_vec8(page: u32, i: u32, stride: u32) -> array<vec4<u32>, 8> {
+    switch page {
+        case 0u: { return array<vec4<u32>, 8>(k0[i], k0[i + 1u * stride], k0[i + 2u * stride], k0[i + 3u * stride], k0[i + 4u * stride], k0[i + 5u * stride], k0[i + 6u * stride], k0[i + 7u * stride]); }
+        case 1u: { return array<vec4<u32>, 8>(k1[i], k1[i + 1u * stride], k1[i + 2u * stride], k1[i + 3u * stride], k1[i + 4u * stride], k1[i + 5u * stride], k1[i + 6u * stride], k1[i + 7u * stride]); }
+        case 2u: { return array<vec4<u32>, 8>(k2[i], k2[i + 1u * stride], k2[i + 2u * stride], k2[i + 3u * stride], k2[i + 4u * stride], k2[i + 5u * stride], k2[i + 6u * stride], k2[i + 7u * stride]); }
+        case 3u: { return array<vec4<u32>, 8>(k3[i], k3[i + 1u * stride], k3[i + 2u * stride], k3[i + 3u * stride], k3[i + 4u * stride], k3[i + 5u * stride], k3[i + 6u * stride], k3[i + 7u * stride]); }
+        case 4u: { return array<vec4<u32>, 8>(k4[i], k4[i + 1u * stride], k4[i + 2u * stride], k4[i + 3u * stride], k4[i + 4u * stride], k4[i + 5u * stride], k4[i + 6u * stride], k4[i + 7u * stride]); }
+        case 5u: { return array<vec4<u32>, 8>(k5[i], k5[i + 1u * stride], k5[i + 2u * stride], k5[i + 3u * stride], k5[i + 4u * stride], k5[i + 5u * stride], k5[i + 6u * stride], k5[i + 7u * stride]); }
+        case 6u: { return array<vec4<u32>, 8>(k6[i], k6[i + 1u * stride], k6[i + 2u * stride], k6[i + 3u * stride], k6[i + 4u * stride], k6[i + 5u * stride], k6[i + 6u * stride], k6[i + 7u * stride]); }
+        case 7u: { return array<vec4<u32>, 8>(k7[i], k7[i + 1u * stride], k7[i + 2u * stride], k7[i + 3u * stride], k7[i + 4u * stride], k7[i + 5u * stride], k7[i + 6u * stride], k7[i + 7u * stride]); }
+        case 8u: { return array<vec4<u32>, 8>(k8[i], k8[i + 1u * stride], k8[i + 2u * stride], k8[i + 3u * stride], k8[i + 4u * stride], k8[i + 5u * stride], k8[i + 6u * stride], k8[i + 7u * stride]); }
+        case 9u: { return array<vec4<u32>, 8>(k9[i], k9[i + 1u * stride], k9[i + 2u * stride], k9[i + 3u * stride], k9[i + 4u * stride], k9[i + 5u * stride], k9[i + 6u * stride], k9[i + 7u * stride]); }
+        case 10u: { return array<vec4<u32>, 8>(k10[i], k10[i + 1u * stride], k10[i + 2u * stride], k10[i + 3u * stride], k10[i + 4u * stride], k10[i + 5u * stride], k10[i + 6u * stride], k10[i + 7u * stride]); }
+        case 11u: { return array<vec4<u32>, 8>(k11[i], k11[i + 1u * stride], k11[i + 2u * stride], k11[i + 3u * stride], k11[i + 4u * stride], k11[i + 5u * stride], k11[i + 6u * stride], k11[i + 7u * stride]); }
+        case 12u: { return array<vec4<u32>, 8>(k12[i], k12[i + 1u * stride], k12[i + 2u * stride], k12[i + 3u * stride], k12[i + 4u * stride], k12[i + 5u * stride], k12[i + 6u * stride], k12[i + 7u * stride]); }
+        case 13u: { return array<vec4<u32>, 8>(k13[i], k13[i + 1u * stride], k13[i + 2u * stride], k13[i + 3u * stride], k13[i + 4u * stride], k13[i + 5u * stride], k13[i + 6u * stride], k13[i + 7u * stride]); }
+        case 14u: { return array<vec4<u32>, 8>(k14[i], k14[i + 1u * stride], k14[i + 2u * stride], k14[i + 3u * stride], k14[i + 4u * stride], k14[i + 5u * stride], k14[i + 6u * stride], k14[i + 7u * stride]); }
+        default: { return array<vec4<u32>, 8>(k15[i], k15[i + 1u * stride], k15[i + 2u * stride], k15[i + 3u * stride], k15[i + 4u * stride], k15[i + 5u * stride], k15[i + 6u * stride], k15[i + 7u * stride]); }
+    }
+}

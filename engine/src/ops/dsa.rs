@@ -79,9 +79,10 @@ pub const INDEX_SCORES_TILED_T64: Kernel = Kernel::new("index_scores_tiled_t64",
 const TILED_THREADS: usize = 256;
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q scaled per head and split into two f16
 /// parts by masking, keys scaled into the exact f16 range (f32 recomputation beyond it): within
-/// ~6e-7 of the f32 kernel on the H200, in the layout that measured fastest (8 subgroups,
-/// 64-position tiles; a streaming 2-subgroup form was slower and was removed). Opt-in since the
-/// tiled SIMT kernel beat it at every length (see [`IndexVariant::Auto`]).
+/// ~6e-7 of the f32 kernel on the H200. 128-position tiles, each of the 8 subgroups 16 positions
+/// x all 32 heads (two accumulator chains per key fragment), the next tile's keys loaded under
+/// one branch per thread; the default from [`COOP_INDEX_MIN_POS`] positions (see
+/// [`IndexVariant::Auto`]).
 pub const INDEX_SCORES_COOP: Kernel =
     Kernel::new("index_scores_coop", "dsa_index_coop", "index_scores_coop")
         .with_constants(&[("QSPLIT", 1.0)])
@@ -498,8 +499,9 @@ impl PagedRows {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexVariant {
     /// By row length ([`auto_index`]): SIMT below [`TILED_INDEX_MIN_POS`] positions, tiled
-    /// from there. `K31_DSA_COOP=1` picks coop where the adapter has it, `K31_DSA_INDEX=simt` or
-    /// `tiled` that kernel at every length.
+    /// from there, coop from [`COOP_INDEX_MIN_POS`] where the adapter has it. `K31_DSA_COOP=1`
+    /// picks coop at every length, `0` never; `K31_DSA_INDEX=simt` or `tiled` that kernel at
+    /// every length.
     Auto,
     /// f32 SIMT (indexer.wgsl `index_scores`): every adapter, every supported shape (32-position
     /// tiles below [`SHORT_INDEX_MAX_POS`] for 32 x 128, 64 otherwise).
@@ -514,9 +516,11 @@ pub enum IndexVariant {
     CoopF16,
 }
 
-/// Workgroups of the coop indexer per query (grid-strided over the tiles of 64 positions);
-/// [`set_index_coop_groups`] changes it (benchmarks).
-static INDEX_COOP_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(528);
+/// Workgroups of the coop indexer per query (grid-strided over its 128-position tiles): one per
+/// H200 SM, since one fits an SM (249 registers x 256 threads) and each further wave repeats
+/// the q prologue (H200, seventeenth session: 28.5 / 30.4 / 33.8 / 41.7 us at 128K positions
+/// with 132 / 264 / 528 / 1056); [`set_index_coop_groups`] changes it (benchmarks).
+static INDEX_COOP_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(132);
 
 /// Sets the coop indexer's workgroups per query (at least 1); returns the previous value.
 pub fn set_index_coop_groups(n: usize) -> usize {
@@ -524,7 +528,7 @@ pub fn set_index_coop_groups(n: usize) -> usize {
 }
 
 /// The coop indexer exists for 32 heads x 128 only, assumes 32-wide subgroups (8 per
-/// workgroup) and needs its 44.8 KB of workgroup memory.
+/// workgroup) and needs its 45 KB of workgroup memory.
 pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool {
     gpu.caps.coopmat
         && gpu.caps.subgroups
@@ -568,9 +572,15 @@ pub const SHORT_INDEX_MAX_POS: usize = 4096;
 /// 68.5 / 232 / 858; at 2K positions in the model SIMT 18.5 against tiled 19.4 us in-pass.
 pub const TILED_INDEX_MIN_POS: usize = 8192;
 
+/// Row length from which [`IndexVariant::Auto`] runs the coop indexer where the adapter has it
+/// (in place of the tiled kernel). H200 (2026-11-30, seventeenth session, `dsa --indexer`): coop
+/// 10.2 / 13.8 / 29.0 / 98.0 / 175 us at 4K / 32K / 128K / 512K / 1M positions, tiled 13.3 / 17.8
+/// / 51.2 / 191 / 366, SIMT 11.6 / 26.3 / 89.2 / 350 / 689.
+pub const COOP_INDEX_MIN_POS: usize = TILED_INDEX_MIN_POS;
+
 /// The kernel [`IndexVariant::Auto`] runs for a row of `n_pos` positions, given the values of
-/// `K31_DSA_COOP` ("1": the coop kernel wherever `coop_ok`) and `K31_DSA_INDEX` ("simt" or
-/// "tiled": that kernel at every length; unset or anything else: the length rule).
+/// `K31_DSA_COOP` ("1": the coop kernel wherever `coop_ok`; "0": never) and `K31_DSA_INDEX`
+/// ("simt" or "tiled": that kernel at every length; unset or anything else: the length rule).
 pub fn auto_index(n_pos: usize, coop_env: Option<&str>, index_env: Option<&str>, coop_ok: bool) -> IndexVariant {
     if coop_ok && coop_env == Some("1") {
         return IndexVariant::Coop;
@@ -578,6 +588,7 @@ pub fn auto_index(n_pos: usize, coop_env: Option<&str>, index_env: Option<&str>,
     match index_env {
         Some("simt") => IndexVariant::Simt,
         Some("tiled") => IndexVariant::Tiled,
+        _ if coop_ok && coop_env != Some("0") && n_pos >= COOP_INDEX_MIN_POS => IndexVariant::Coop,
         _ if n_pos >= TILED_INDEX_MIN_POS => IndexVariant::Tiled,
         _ => IndexVariant::Simt,
     }
@@ -629,7 +640,7 @@ pub fn index_scores_variant(
         IndexVariant::Tiled => index_kernel_tiled(heads, id)?,
         IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
             return Err(shape_err(format!(
-                "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128 and 44.8 KB of workgroup memory)"
+                "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128 and 45 KB of workgroup memory)"
             )))
         }
         IndexVariant::Coop => INDEX_SCORES_COOP,
