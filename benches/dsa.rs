@@ -14,7 +14,7 @@ use k31_engine::bench::{copy_bandwidth, time_back_to_back, time_gpu, Row};
 use k31_engine::gpu::Profiler;
 use k31_engine::gpu::{Gpu, GpuTensor, Kernel};
 use k31_engine::layout::DType;
-use k31_engine::ops::dsa::{self, IndexVariant, MlaDims, PagedRows, TopkScratch};
+use k31_engine::ops::dsa::{self, IndexPrecision::{Bf16, F32}, IndexVariant, MlaDims, PagedRows, TopkScratch};
 use k31_engine::reference::dsa as refdsa;
 use k31_engine::wgpu;
 
@@ -47,10 +47,12 @@ fn random(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// An indexer the bench times: a variant, or a bench-only kernel (run by `index_scores_kernel`).
+/// An indexer the bench times: a variant, the same with the query in bf16
+/// (`IndexPrecision::Bf16`), or a bench-only kernel (run by `index_scores_kernel`).
 #[derive(Clone, Copy)]
 enum Indexer {
     Variant(IndexVariant),
+    Bf16(IndexVariant),
     Kernel(Kernel),
 }
 
@@ -76,8 +78,9 @@ fn record_indexer(
     prof: Option<&mut Profiler>,
 ) -> Result<(), k31_engine::gpu::GpuError> {
     match ix {
-        Indexer::Variant(v) => dsa::index_scores_variant(gpu, enc, v, keys, IH, q, w, dst, t, q_pos0, n, n, prof),
-        Indexer::Kernel(k) => dsa::index_scores_kernel(gpu, enc, k, keys, IH, q, w, dst, t, q_pos0, n, n, prof),
+        Indexer::Variant(v) => dsa::index_scores_variant(gpu, enc, v, keys, IH, F32, q, w, dst, t, q_pos0, n, n, prof),
+        Indexer::Bf16(v) => dsa::index_scores_variant(gpu, enc, v, keys, IH, Bf16, q, w, dst, t, q_pos0, n, n, prof),
+        Indexer::Kernel(k) => dsa::index_scores_kernel(gpu, enc, k, keys, IH, F32, q, w, dst, t, q_pos0, n, n, prof),
     }
 }
 
@@ -88,9 +91,11 @@ fn checked_indexers(gpu: &Gpu) -> Vec<(Indexer, &'static str)> {
     if dsa::coop_indexer_available(gpu, IH, ID) {
         v.push((Indexer::Variant(IndexVariant::Coop), "coop (exact: q scaled, hi+lo by masking)"));
         v.push((Indexer::Variant(IndexVariant::CoopF16), "coop (q f16, the original kernel)"));
+        v.push((Indexer::Bf16(IndexVariant::Coop), "coop, q bf16 (one product per fragment)"));
     }
     v.push((Indexer::Variant(IndexVariant::Tiled), "tiled f32 (4 positions x 4 heads per thread, 128-position tiles)"));
     v.push((Indexer::Kernel(dsa::INDEX_SCORES_TILED_T64), "tiled f32, 64-position tiles"));
+    v.push((Indexer::Bf16(IndexVariant::Tiled), "tiled, q bf16"));
     v
 }
 
@@ -297,7 +302,7 @@ fn main() -> anyhow::Result<()> {
             if s >= cliff_from && !mla_only {
                 let tmp = gpu.storage("scores probe", (s * 4) as u64);
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| {
-                    dsa::index_scores_kernel(&gpu, enc, dsa::INDEX_KEYS_PROBE, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                    dsa::index_scores_kernel(&gpu, enc, dsa::INDEX_KEYS_PROBE, &keys, IH, F32, &q, &w, &tmp, 1, s - 1, s, s, prof)
                 })?;
                 out.push((format!("indexer key reads only (diagnostic probe), S={s}"), t, key_bytes));
             }
@@ -310,7 +315,7 @@ fn main() -> anyhow::Result<()> {
                 for groups in [66, 264, 528, 1056] {
                     let prev = dsa::set_index_coop_groups(groups);
                     let t = time_gpu(&gpu, wu, reps, |enc, prof| {
-                        dsa::index_scores_variant(&gpu, enc, IndexVariant::Coop, &keys, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                        dsa::index_scores_variant(&gpu, enc, IndexVariant::Coop, &keys, IH, F32, &q, &w, &tmp, 1, s - 1, s, s, prof)
                     })?;
                     dsa::set_index_coop_groups(prev);
                     out.push((format!("indexer coop (q hi+lo f16), {groups} workgroups, S={s}"), t, key_bytes));
@@ -322,22 +327,34 @@ fn main() -> anyhow::Result<()> {
                 one.upload(&gpu, &random(s as u64, s * ID))?;
                 let tmp = gpu.storage("scores one page", (s * 4) as u64);
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| {
-                    dsa::index_scores_variant(&gpu, enc, IndexVariant::Simt, &one, IH, &q, &w, &tmp, 1, s - 1, s, s, prof)
+                    dsa::index_scores_variant(&gpu, enc, IndexVariant::Simt, &one, IH, F32, &q, &w, &tmp, 1, s - 1, s, s, prof)
                 })?;
                 out.push((format!("indexer SIMT f32, one page, S={s}"), t, key_bytes));
                 report_check(format!("indexer one page == paged, S={s}"), compare_scores(&gpu, &scores, &tmp, s, None, 0)?);
             }
+            // The SIMT scores with q in bf16: what the bf16 rows are checked against.
+            let scores_bf16 = gpu.storage("scores, q bf16", (s * 4) as u64);
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            record_indexer(&gpu, &mut enc, Indexer::Bf16(IndexVariant::Simt), &keys, &q, &w, &scores_bf16, 1, s - 1, s, None)?;
+            gpu.queue.submit([enc.finish()]);
             drop(keys);
             let scratch = TopkScratch::new(&gpu, 1, s, k)?;
             let sel = gpu.storage("sel", (k * 4) as u64);
             let sel_s = gpu.storage("sel scores", (k * 4) as u64);
-            for (_, label, dst) in outs.iter().filter(|o| !o.0.is_simt()) {
+            for (v, label, dst) in outs.iter().filter(|o| !o.0.is_simt()) {
                 let mut enc = gpu.device.create_command_encoder(&Default::default());
                 dsa::topk(&gpu, &mut enc, &scratch, dst, s, 1, s - 1, s, &sel, &sel_s, None)?;
                 gpu.queue.submit([enc.finish()]);
                 let a = gpu.read::<i32>(&sel, k)?;
-                report_check(format!("indexer {label} vs SIMT, S={s}"), compare_scores(&gpu, &scores, dst, s, Some(&a), k)?);
+                let (want, twin) = if matches!(v, Indexer::Bf16(_)) { (&scores_bf16, "SIMT q bf16") } else { (&scores, "SIMT") };
+                report_check(format!("indexer {label} vs {twin}, S={s}"), compare_scores(&gpu, want, dst, s, Some(&a), k)?);
             }
+            report_check(format!("indexer SIMT q bf16 vs f32, S={s}"), {
+                let mut enc = gpu.device.create_command_encoder(&Default::default());
+                dsa::topk(&gpu, &mut enc, &scratch, &scores_bf16, s, 1, s - 1, s, &sel, &sel_s, None)?;
+                gpu.queue.submit([enc.finish()]);
+                compare_scores(&gpu, &scores, &scores_bf16, s, Some(&gpu.read::<i32>(&sel, k)?), k)?
+            });
             if indexer_only {
                 return Ok(out);
             }
@@ -641,9 +658,12 @@ fn indexer_checks(gpu: &Gpu, s: usize) -> anyhow::Result<()> {
         keys.upload(gpu, keys_v)?;
         // Prefill: queries at s/2 .. s/2 + 7 over all s positions (the rest masked).
         let a = scores_of(gpu, Indexer::Variant(IndexVariant::Simt), &keys, qx, wx, t, s / 2, s)?;
+        let a_bf16 = scores_of(gpu, Indexer::Bf16(IndexVariant::Simt), &keys, qx, wx, t, s / 2, s)?;
+        report_check(format!("indexer SIMT q bf16 vs f32: prefill 8 queries, {label}, S={s}"), diff_text(&a, &a_bf16, t, s / 2));
         for (v, name) in checked_indexers(gpu) {
             let b = scores_of(gpu, v, &keys, qx, wx, t, s / 2, s)?;
-            report_check(format!("indexer {name} vs SIMT: prefill 8 queries, {label}, S={s}"), diff_text(&a, &b, t, s / 2));
+            let (want, twin) = if matches!(v, Indexer::Bf16(_)) { (&a_bf16, "SIMT q bf16") } else { (&a, "SIMT") };
+            report_check(format!("indexer {name} vs {twin}: prefill 8 queries, {label}, S={s}"), diff_text(want, &b, t, s / 2));
         }
     }
     Ok(())

@@ -13,7 +13,8 @@
 // column of B. The accumulators go through workgroup memory, one head half at a time, to the
 // ReLU and head-weight sum (two lanes per position, joined by a shuffle).
 // QSPLIT: q = hi + lo with both parts f16, two products per fragment; without it q is rounded to
-// f16 (about 5e-4 relative per head dot).
+// f16 (about 5e-4 relative per head dot), or with EXACT masked to its top 11 significant bits,
+// which is exact for q read in bf16 (p.q_bf16: the host's bf16 precision variant).
 // EXACT (with QSPLIT): f32 agreement (5e-7 of the largest score on the H200): q scaled per head by
 // a power of two and split by masking (lo = f16(x - f32(f16(x))) would be folded to zero by the
 // driver), keys scaled by KEY_SCALE into the exact f16 range, positions with a key beyond it
@@ -30,7 +31,7 @@ struct IndexParams {
     page0: u32,
     shift_max: u32,
     w_scale: f32,
-    _pad: u32,
+    q_bf16: u32, // 1: q and w rounded to bf16 at load (lib/index_query.wgsl)
 }
 
 override QSPLIT: bool = true;
@@ -51,6 +52,7 @@ const ROWS: u32 = 16u;  // tile rows one load step covers: WG / 16
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> scores: array<f32>;
 #include "lib/index_keys.wgsl"
+#include "lib/index_query.wgsl"
 
 var<workgroup> kt: array<vec4<f16>, 4352>;  // TILE keys x KS4 (also q's staging before the loop)
 var<workgroup> cs: array<f32, 2560>;        // per subgroup a 16 x 16 tile, positions CS apart
@@ -123,7 +125,7 @@ fn exact_score(t: u32, pos: u32) -> f32 {
             let ka = vec4<f32>(bf_lo(kw.x), bf_hi(kw.x), bf_lo(kw.y), bf_hi(kw.y));
             let kb = vec4<f32>(bf_lo(kw.z), bf_hi(kw.z), bf_lo(kw.w), bf_hi(kw.w));
             let qi = t * (IH * ID / 4u) + h * (ID / 4u) + 2u * c;
-            d += dot(q[qi], ka) + dot(q[qi + 1u], kb);
+            d += dot(query4(qi), ka) + dot(query4(qi + 1u), kb);
         }
         s += ws[h] * max(d, 0.0);
     }
@@ -133,7 +135,7 @@ fn exact_score(t: u32, pos: u32) -> f32 {
 // q (scaled per head) into kt rows 0..31: its hi part, or with lo its residual.
 fn stage_q(t: u32, lid: u32, lo: bool) {
     for (var i = lid; i < IH * ID / 4u; i += WG) {
-        let x = q[t * (IH * ID / 4u) + i] * qs[i / KV4];
+        let x = query4(t * (IH * ID / 4u) + i) * qs[i / KV4];
         var h: vec4<f32>;
         if (EXACT) {
             // hi = top 11 significant bits (exact in f16, not foldable), lo = x - hi exact in f32.
@@ -184,7 +186,7 @@ fn index_scores_coop(
     workgroupBarrier();
     if (EXACT) {
         for (var i = lid; i < IH * ID / 4u; i += WG) {
-            let a = abs(q[t * (IH * ID / 4u) + i]);
+            let a = abs(query4(t * (IH * ID / 4u) + i));
             atomicMax(&qmb[i / KV4], bitcast<u32>(max(max(a.x, a.y), max(a.z, a.w))));
         }
     }
@@ -196,7 +198,7 @@ fn index_scores_coop(
         if (EXACT && m > 0.0) {
             e = clamp(13i - (i32((bitcast<u32>(m) >> 23u) & 0xffu) - 127i), -100i, 100i);
         }
-        ws[lid] = w[t * IH + lid] * p.w_scale;
+        ws[lid] = raw_weight(t * IH + lid) * p.w_scale;
         qs[lid] = ldexp(1.0, e);
         hs[lid] = select(1.0, ldexp(1.0, -e) / KEY_SCALE, EXACT);
     }

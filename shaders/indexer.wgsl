@@ -21,7 +21,7 @@ struct IndexParams {
     page0: u32,
     shift_max: u32,
     w_scale: f32,
-    _pad: u32,
+    q_bf16: u32, // 1: q and w rounded to bf16 at load (lib/index_query.wgsl)
 }
 
 override IH: u32 = 32u;
@@ -37,6 +37,7 @@ override SLOTS: u32 = 32u / GROUPS;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
 @group(0) @binding(3) var<storage, read_write> scores: array<f32>;
 #include "lib/index_keys.wgsl"
+#include "lib/index_query.wgsl"
 
 // q as [4 groups][8 heads][ID/4] vec4 (heads past IH zero), head weights likewise.
 var<workgroup> qs: array<vec4<f32>, 1024>;
@@ -69,14 +70,14 @@ fn index_scores(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         let hh = slot % SLOTS;
         var v = vec4<f32>(0.0);
         if (hh < hp) {
-            v = q[t * (IH * ID / 4u) + (g * hp + hh) * (ID / 4u) + i % (ID / 4u)];
+            v = query4(t * (IH * ID / 4u) + (g * hp + hh) * (ID / 4u) + i % (ID / 4u));
         }
         qs[i] = v;
     }
     if (lid < 32u) {
         let g = lid / SLOTS;
         let hh = lid % SLOTS;
-        ws[lid] = select(0.0, w[t * IH + g * hp + hh] * p.w_scale, hh < hp);
+        ws[lid] = select(0.0, raw_weight(t * IH + g * hp + hh) * p.w_scale, hh < hp);
     }
     workgroupBarrier();
     let g = lid / TILE;
@@ -145,7 +146,7 @@ var<workgroup> tw: array<vec4<f32>, 8>;         // w_scale * w of the same heads
 
 // w_scale * w of head h of query t (0 past IH).
 fn head_weight(t: u32, h: u32) -> f32 {
-    return select(0.0, w[t * IH + min(h, IH - 1u)] * p.w_scale, h < IH);
+    return select(0.0, raw_weight(t * IH + min(h, IH - 1u)) * p.w_scale, h < IH);
 }
 
 // Where this thread's key loads come from: (page, vec4 index of dims 8 (lid % 2).. of tile
@@ -175,7 +176,7 @@ fn tiled_q(t: u32, c: u32, lid: u32) -> vec4<f32> {
     if (lid >= 8u * KC || h >= IH || d >= ID) {
         return vec4<f32>(0.0);
     }
-    return q[t * (IH * ID / 4u) + h * (ID / 4u) + d / 4u];
+    return query4(t * (IH * ID / 4u) + h * (ID / 4u) + d / 4u);
 }
 
 // Stores this thread's loads of a chunk: keys as f32 rows, q transposed to [dim][head group].

@@ -6,6 +6,7 @@ use k31_engine::checkpoint::Checkpoint;
 use k31_engine::generate::{self, GenerateOptions, Metrics, StopReason};
 use k31_engine::gpu::{Gpu, Profiler};
 use k31_engine::model::{Hooks, Model, ModelError};
+use k31_engine::ops::dsa::IndexPrecision;
 use k31_engine::sample::{Sampler, SamplingParams};
 use k31_engine::session::{self, Session};
 use k31_engine::tokenizer::{Tokenizer, Utf8Stream};
@@ -29,6 +30,11 @@ pub struct ModelArgs {
     /// Print prefill/decode speed, memory and GPU time per op family.
     #[arg(long)]
     pub metrics: bool,
+    /// Precision of the sparse-attention indexer's query: f32 (as computed) or bf16 (rounded
+    /// as the reference model's bf16 Linear outputs are; scores move ~1e-3 relative, which can
+    /// change selections at the k-th boundary). Index keys are stored in bf16 either way.
+    #[arg(long, default_value = "f32", value_name = "f32|bf16")]
+    pub index_precision: IndexPrecision,
 }
 
 #[derive(Args, Clone, Debug)]
@@ -136,7 +142,8 @@ fn load(args: &ModelArgs, adapter: Option<&str>, need_tokenizer: bool) -> Result
             bar.set_position(done as u64);
         })
     });
-    let model = model?;
+    let mut model = model?;
+    model.index_precision = args.index_precision;
     bar.finish_and_clear();
     Ok(Loaded { gpu, model, tokenizer })
 }

@@ -169,6 +169,14 @@ fn generate_streams_text_and_reports_json() {
     assert_clean_failure(&k31(&["generate", "--model", &d, "--prompt", &long, "--context", "64"]), "context");
     assert_clean_failure(&k31(&["generate", "--model", "/nonexistent", "--prompt", "x"]), "config.json");
     assert_clean_failure(&k31(&["generate", "--model", &d, "--prompt", "x", "--temperature=-1"]), "temperature");
+    // The indexer query in bf16 (the reference model's rounding) runs; an unknown precision is named.
+    let o = k31(&["generate", "--model", &d, "--prompt", "Hello there", "--max-tokens", "2", "--json", "--index-precision", "bf16"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // (An argument error: clap's usage exit status 2.)
+    let o = k31(&["generate", "--model", &d, "--prompt", "x", "--index-precision", "fp8"]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("f32 or bf16") && !err.contains("panicked"), "{err}");
 }
 
 #[test]

@@ -75,6 +75,9 @@ pub struct Model {
     lm_head: GpuTensor,
     /// Largest context a session of this model may hold.
     pub max_context: usize,
+    /// The global layers' indexer query precision (f32 by default; bf16 as the reference
+    /// model rounds it).
+    pub index_precision: crate::ops::dsa::IndexPrecision,
 }
 
 /// What a forward pass returns logits for.
@@ -181,6 +184,7 @@ impl Model {
             config: cfg,
             gpu: gpu.clone(),
             max_context,
+            index_precision: Default::default(),
         };
         progress(total, total);
         Ok(model)
@@ -283,6 +287,7 @@ impl Model {
                         diagnostics: hooks.diagnostics,
                         profiler: prof.as_deref_mut(),
                         deferred: Some(&mut deferred),
+                        index_precision: self.index_precision,
                         ..Default::default()
                     };
                     diagnostics.extend(ga.forward(g, &normed, t, cache, mixed, &mut opts)?);

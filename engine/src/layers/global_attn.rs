@@ -120,6 +120,8 @@ pub struct ForwardOptions<'a> {
     /// Where selections for `sink` wait until the caller has synchronised anyway (None: the
     /// layer reads them back itself, a GPU round trip per call).
     pub deferred: Option<&'a mut DeferredSelections>,
+    /// The indexer query's precision (spec 5.3).
+    pub index_precision: dsa::IndexPrecision,
 }
 
 /// Selections copied to host-visible buffers inside the forward's command stream and
@@ -430,7 +432,7 @@ impl GlobalAttn {
                     copy_rows(&mut enc, &qi, qi_b, ih * id, t0, nb, false);
                     copy_rows(&mut enc, &wi, wi_b, ih, t0, nb, false);
                     let s_len = qpos + nb;
-                    dsa::index_scores(gpu, &mut enc, keys, ix.heads, qi_b, wi_b, scores, nb, qpos, s_len, s_len, prof.as_deref_mut())?;
+                    dsa::index_scores(gpu, &mut enc, keys, ix.heads, opts.index_precision, qi_b, wi_b, scores, nb, qpos, s_len, s_len, prof.as_deref_mut())?;
                     // Rank order only for a sink that reads this layer; attention needs the set.
                     if opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) {
                         dsa::topk(gpu, &mut enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;

@@ -13,7 +13,7 @@ shader_params!(
     /// Mirrors `IndexParams` in shaders/indexer.wgsl.
     IndexParams in "indexer" {
         n_queries: u32, row_stride: u32, q_pos0: u32, n_pos: u32,
-        page0: u32, shift_max: u32, w_scale: f32, _pad: u32,
+        page0: u32, shift_max: u32, w_scale: f32, q_bf16: u32,
     }
 );
 shader_params!(
@@ -92,6 +92,14 @@ pub const INDEX_SCORES_COOP: Kernel =
 /// The original kernel, q rounded to f16 (~4e-4 of the largest score; moved 1-2 of 2048
 /// selected positions on the H200). Its former hi+lo form measured the same: the driver folds
 /// f32(f16(x)) to x, so lo was zero.
+/// [`INDEX_SCORES_COOP`] for [`IndexPrecision::Bf16`]: q rounded to bf16 is exact in f16 after
+/// the per-head scale, so one product per fragment (no lo part) gives the same scores.
+pub const INDEX_SCORES_COOP_BF16: Kernel =
+    Kernel::new("index_scores_coop_bf16", "dsa_index_coop", "index_scores_coop")
+        .with_constants(&[("QSPLIT", 0.0)])
+        .coopmat()
+        .subgroups()
+        .unchecked();
 pub const INDEX_SCORES_COOP_F16: Kernel = Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop")
     .with_constants(&[("QSPLIT", 0.0), ("EXACT", 0.0)])
     .coopmat()
@@ -156,6 +164,7 @@ pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_TILED_T64,
     INDEX_KEYS_PROBE,
     INDEX_SCORES_COOP,
+    INDEX_SCORES_COOP_BF16,
     INDEX_SCORES_COOP_F16,
     TOPK_HIST,
     TOPK_GATHER,
@@ -539,6 +548,29 @@ pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool 
         && gpu.pipelines.fits(gpu, &INDEX_SCORES_COOP).unwrap_or(false)
 }
 
+/// The precision of the indexer's query (spec 5.3; index keys are bf16 either way, as stored).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum IndexPrecision {
+    /// q and the head weights in f32, as the engine computes them.
+    #[default]
+    F32,
+    /// q and the head weights rounded to bf16 (nearest even) first, as the reference model's
+    /// bf16 Linear outputs are: the reference's own scores. Scores move by ~1e-3 relative
+    /// against F32 and selections near the k-th boundary may change.
+    Bf16,
+}
+
+impl std::str::FromStr for IndexPrecision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<IndexPrecision, String> {
+        match s {
+            "f32" => Ok(IndexPrecision::F32),
+            "bf16" => Ok(IndexPrecision::Bf16),
+            _ => Err(format!("unknown index precision {s:?} (f32 or bf16)")),
+        }
+    }
+}
+
 /// Indexer scores for `n_queries` queries at positions `q_pos0..`: scores[t, s] for
 /// s < n_pos (-inf beyond q_pos0 + t). q: [T, IH, ID] f32; w: [T, IH] f32 (raw weights_proj
 /// output, scaled here by IH^-1/2 ID^-1/2); scores: [T, row_stride] f32.
@@ -548,6 +580,7 @@ pub fn index_scores(
     enc: &mut wgpu::CommandEncoder,
     keys: &PagedRows,
     heads: usize,
+    precision: IndexPrecision,
     q: &wgpu::Buffer,
     w: &wgpu::Buffer,
     scores: &wgpu::Buffer,
@@ -557,7 +590,7 @@ pub fn index_scores(
     row_stride: usize,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    index_scores_variant(gpu, enc, IndexVariant::Auto, keys, heads, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
+    index_scores_variant(gpu, enc, IndexVariant::Auto, keys, heads, precision, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
 }
 
 /// Rows shorter than this run the SIMT indexer on 32-position tiles (K3.1's 32 x 128; twice the
@@ -615,6 +648,7 @@ pub fn index_scores_variant(
     variant: IndexVariant,
     keys: &PagedRows,
     heads: usize,
+    precision: IndexPrecision,
     q: &wgpu::Buffer,
     w: &wgpu::Buffer,
     scores: &wgpu::Buffer,
@@ -643,10 +677,11 @@ pub fn index_scores_variant(
                 "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128 and 45 KB of workgroup memory)"
             )))
         }
+        IndexVariant::Coop if precision == IndexPrecision::Bf16 => INDEX_SCORES_COOP_BF16,
         IndexVariant::Coop => INDEX_SCORES_COOP,
         IndexVariant::CoopF16 => INDEX_SCORES_COOP_F16,
     };
-    index_scores_kernel(gpu, enc, kernel, keys, heads, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
+    index_scores_kernel(gpu, enc, kernel, keys, heads, precision, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
 }
 
 /// [`index_scores`] with a given kernel (one of the indexer kernels above; the bench times
@@ -658,6 +693,7 @@ pub fn index_scores_kernel(
     kernel: Kernel,
     keys: &PagedRows,
     heads: usize,
+    precision: IndexPrecision,
     q: &wgpu::Buffer,
     w: &wgpu::Buffer,
     scores: &wgpu::Buffer,
@@ -685,7 +721,7 @@ pub fn index_scores_kernel(
         page0: keys.page0 as u32,
         shift_max: keys.shift_max,
         w_scale: ((heads * id) as f32).powf(-0.5),
-        _pad: 0,
+        q_bf16: (precision == IndexPrecision::Bf16) as u32,
     };
     let slots = keys.slots();
     let mut entries = vec![(1, q), (2, w), (3, scores)];

@@ -175,6 +175,9 @@ pub struct LayerDims {
     pub latent_eps: f64,
     /// (heads, head_dim, topk, eps) of the indexer; None = dense MLA.
     pub indexer: Option<(usize, usize, usize, f64)>,
+    /// The indexer's q and head weights rounded to bf16 (`IndexPrecision::Bf16`; from their
+    /// f32 values, as the engine rounds them).
+    pub index_bf16: bool,
 }
 
 /// The reference cache: rows rounded to bf16 as the GPU stores them.
@@ -238,8 +241,9 @@ pub fn global_layer(d: &LayerDims, w: &LayerWeights, x: &[f32], cache: &mut Cach
             (Some((ih, id, k, eps)), Some(iw)) => {
                 let kk = layer_norm(&linear(&iw.wk, &xt), &iw.k_norm_w, &iw.k_norm_b, *eps);
                 cache.keys.extend(kk.iter().map(|&v| bf(v) as f32));
-                let qi: Vec<f32> = linear(&iw.wq_b, &cq).iter().map(|&v| v as f32).collect();
-                let wt: Vec<f32> = linear(&iw.weights_proj, &xt).iter().map(|&v| v as f32).collect();
+                let prec = |v: &f64| if d.index_bf16 { bf(*v as f32 as f64) as f32 } else { *v as f32 };
+                let qi: Vec<f32> = linear(&iw.wq_b, &cq).iter().map(prec).collect();
+                let wt: Vec<f32> = linear(&iw.weights_proj, &xt).iter().map(prec).collect();
                 let s = index_scores(&qi, &wt, &cache.keys, *ih, *id, 1, pos, pos + 1);
                 let sel = topk(&s, pos + 1, *k);
                 traces.push(TokenTrace { scores: sel.iter().map(|&i| s[i]).collect(), selected: sel.clone() });
