@@ -8,7 +8,8 @@
 // Subgroup w owns positions 16 w .. +15 of the tile and all 32 heads: two accumulator chains (heads
 // 0-15 and 16-31) share each key fragment, and its 32 A fragments (q for both head halves, hi and
 // lo) stay in registers for the whole kernel. Keys are loaded as bf16 (the next tile's eight
-// loads per thread under one branch, in flight while this tile is multiplied), converted to f16
+// loads per thread issued under one branch before this tile is multiplied; one branch per load
+// made each wait for the one before), converted to f16
 // into workgroup memory (rows padded to 272 bytes: conflict-free fragment loads), one key per
 // column of B. The accumulators go through workgroup memory, one head half at a time, to the
 // ReLU and head-weight sum (two lanes per position, joined by a shuffle).

@@ -89,9 +89,6 @@ pub const INDEX_SCORES_COOP: Kernel =
         .coopmat()
         .subgroups()
         .unchecked();
-/// The original kernel, q rounded to f16 (~4e-4 of the largest score; moved 1-2 of 2048
-/// selected positions on the H200). Its former hi+lo form measured the same: the driver folds
-/// f32(f16(x)) to x, so lo was zero.
 /// [`INDEX_SCORES_COOP`] for [`IndexPrecision::Bf16`]: q rounded to bf16 is exact in f16 after
 /// the per-head scale, so one product per fragment (no lo part) gives the same scores.
 pub const INDEX_SCORES_COOP_BF16: Kernel =
@@ -100,6 +97,9 @@ pub const INDEX_SCORES_COOP_BF16: Kernel =
         .coopmat()
         .subgroups()
         .unchecked();
+/// The original kernel, q rounded to f16 (~4e-4 of the largest score; moved 1-2 of 2048
+/// selected positions on the H200). Its former hi+lo form measured the same: the driver folds
+/// f32(f16(x)) to x, so lo was zero.
 pub const INDEX_SCORES_COOP_F16: Kernel = Kernel::new("index_scores_coop_f16", "dsa_index_coop", "index_scores_coop")
     .with_constants(&[("QSPLIT", 0.0), ("EXACT", 0.0)])
     .coopmat()
