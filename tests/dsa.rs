@@ -244,7 +244,8 @@ fn auto_indexer_picks_by_row_length_and_environment() {
 /// everywhere, the tiled bench variant with 64-position tiles, the streaming coop kernel where
 /// cooperative matrices exist), prefill with the causal mask inside the row and whole tiles past
 /// it, row lengths off every tile size, pages that split tiles: scores against the f64
-/// reference and top-64 selections equal as sets.
+/// reference and top-64 selections equal as sets; each in both query precisions (Bf16: q and
+/// w rounded by lib/index_query.wgsl, against the reference on rounded inputs).
 #[test]
 fn indexer_k31_shape_every_variant_matches_reference() {
     let Some(g) = gpu() else { return };

@@ -544,7 +544,9 @@ fn prep_variants_agree() {
 /// The one-dispatch decode (`decode_gated`: f = W_fb f_a, the recurrence and the gated norm),
 /// N steps from position 0, against the reference recurrence on that f through the reference
 /// gated norm: partial column tiles (K = 16, 48, 80), K = 128, conv widths 2-4, with and
-/// without an initial state. K = 256 is refused (the caller runs the separate kernels).
+/// without an initial state. K = 256 is refused (the caller runs the separate kernels). With
+/// `decode_variants_match_reference` this covers lib/kda_decode_tile.wgsl, whose tile body
+/// both kernels include.
 #[test]
 fn decode_gated_matches_reference() {
     use k31_engine::gpu::GpuTensor;
