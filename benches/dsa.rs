@@ -388,13 +388,13 @@ fn main() -> anyhow::Result<()> {
             for (v, label) in [(dsa::MlaVariant::PerHead, "per head"), (dsa::MlaVariant::Tiled, "tiled, 16 heads per workgroup")] {
                 let (ob, lb) = if v == dsa::MlaVariant::PerHead { (&o_ref, &lse_ref) } else { (&o, &lse) };
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| {
-                    dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, ob, lb, 1, s - 1, prof)
+                    dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, ob, lb, 1, s - 1, prof, None)
                 })?;
                 out.push((format!("sparse MLA {label}, {k} rows of 576, S={s}"), t, (k * dims.width() * 2) as f64));
             }
             for v in [dsa::MlaVariant::PerHead, dsa::MlaVariant::Tiled] {
                 let b = breakdown(&gpu, |enc, prof| {
-                    dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof)
+                    dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof, None)
                 })?;
                 println!("  sparse MLA {v:?} per pass, S={s}: {b}");
             }

@@ -44,6 +44,7 @@ fn main() -> anyhow::Result<()> {
             ("latent up 3584->7168", 7168, 3584),
             ("dense up 7168->33792", 33792, 7168),
             ("lm_head 7168->163840", 163840, 7168),
+            ("global q_b 1536->18432", 18432, 1536),
         ]
     };
     let variants: Vec<_> = gemv::FAST_VARIANTS.iter().filter(|k| !k.needs_subgroups || gpu.caps.subgroups).copied().collect();
@@ -66,6 +67,43 @@ fn main() -> anyhow::Result<()> {
             let w2 = GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)?;
             let t = time_back_to_back(&gpu, 3, 20, 8, |enc, i| gemv::gemv(&gpu, enc, if i % 2 == 0 { &w } else { &w2 }, &x, &y, None))?;
             let row = Row { name: format!("gemv back to back {name}"), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
+            row.print();
+            rows.push(row);
+        }
+    }
+
+    // The global layer's decode projections as the model dispatches them (`gemv_many`: up to
+    // four matrices per pass), then each matrix alone: where its GEMV time goes.
+    // (group, cols, [(matrix, rows)]).
+    type Projections<'a> = &'a [(&'a str, usize, &'a [(&'a str, usize)])];
+    let projections: Projections = if shapes.len() > 1 {
+        &[
+            ("global from x", 7168, &[("q_a", 1536), ("kv_a", 576), ("g_proj", 12288), ("wk", 128), ("weights_proj", 32)]),
+            ("global from c_q", 1536, &[("q_b", 18432), ("wq_b", 4096)]),
+        ]
+    } else {
+        &[]
+    };
+    for &(group, k, mats) in projections {
+        let ws = mats
+            .iter()
+            .map(|&(name, n)| {
+                let bytes: Vec<u8> = (0..n * k).flat_map(|i| half::bf16::from_f32(((i % 13) as f32 - 6.0) * 0.01).to_le_bytes()).collect();
+                GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let ys: Vec<_> = mats.iter().map(|&(_, n)| gpu.storage("y", (n * 4) as u64)).collect();
+        let x = gpu.storage_from("x", &vec![0.5f32; k]);
+        let pairs: Vec<(&GpuTensor, &_)> = ws.iter().zip(&ys).collect();
+        let bytes: usize = mats.iter().map(|&(_, n)| n * k * 2).sum();
+        warm_gpu(&gpu, 150, 4000)?;
+        let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_many(&gpu, enc, &pairs, &x, prof))?;
+        let row = Row { name: format!("gemv_many {group} ({k} cols, {} matrices)", mats.len()), time_us: t * 1e6, rate: bytes as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
+        row.print();
+        rows.push(row);
+        for ((name, n), (w, y)) in mats.iter().zip(&pairs) {
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_into(&gpu, enc, w, &x, y, None, false, prof))?;
+            let row = Row { name: format!("gemv alone {name} {k}->{n}"), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
             row.print();
             rows.push(row);
         }

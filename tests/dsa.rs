@@ -434,7 +434,7 @@ fn gpu_mla_v(
     let mut enc = g.device.create_command_encoder(&Default::default());
     dsa::mla_absorb(g, &mut enc, d, cache, &qb, wkv, &qa, t, None).expect("absorb");
     let sel_arg = sb.as_ref().map(|(b, k)| (b, *k));
-    dsa::mla_attention_variant(g, &mut enc, variant, d, cache, &qa, sel_arg, wkv, None, &part, &o, &lse, t, pos0, None)
+    dsa::mla_attention_variant(g, &mut enc, variant, d, cache, &qa, sel_arg, wkv, None, &part, &o, &lse, t, pos0, None, None)
         .expect("attention");
     g.queue.submit([enc.finish()]);
     (g.read(&o, t * d.heads * d.v_dim).expect("o"), g.read(&lse, t * d.heads).expect("lse"))

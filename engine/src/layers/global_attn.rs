@@ -319,7 +319,10 @@ impl GlobalAttn {
             from_x.push((qa, &cq));
         }
         from_x.push((&self.kv_a, &kv));
-        if let Some(gp) = &self.g_proj {
+        // Decode: the output gate's projection runs beside the sparse attention instead (see
+        // the attention call below).
+        let gate_beside = t_n == 1 && super::overlap_enabled();
+        if let Some(gp) = self.g_proj.as_ref().filter(|_| !gate_beside) {
             from_x.push((gp, &g));
         }
         if let Some(ix) = &self.indexer {
@@ -444,7 +447,15 @@ impl GlobalAttn {
                 _ => None,
             };
             let gate_b = gate.map(|_| &g_b);
-            dsa::mla_attention(gpu, &mut enc, &dm, &cache.latent, &qa_b, sel_arg, &self.kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut())?;
+            match self.g_proj.as_ref().filter(|_| gate_beside) {
+                // The gate GEMV (176 MB for K3.1, memory-bound) needs no barrier after the
+                // attention (latency-bound, little memory traffic): the GPU overlaps the two.
+                Some(gp) => {
+                    let mut gate_gemv = |enc: &mut wgpu::CommandEncoder| crate::ops::gemv::gemv(gpu, enc, gp, x, &g, None);
+                    dsa::mla_attention_with(gpu, &mut enc, &dm, &cache.latent, &qa_b, sel_arg, &self.kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut(), &mut gate_gemv)?
+                }
+                None => dsa::mla_attention(gpu, &mut enc, &dm, &cache.latent, &qa_b, sel_arg, &self.kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut())?,
+            }
             copy_rows(&mut enc, &o_b, &o, vo, t0, nb, true);
             copy_rows(&mut enc, &lse_b, &lse, h, t0, nb, true);
             let listening = opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) && sel_arg.is_some();

@@ -11,6 +11,15 @@ use crate::gpu::{Gpu, GpuError, Profiler};
 use crate::layout::DType;
 use crate::model::FeedForward;
 
+/// Whether a decode step records a memory-bound projection right after a latency-bound
+/// kernel it does not depend on, with outputs new to the encoder, so that no barrier stands
+/// between the two and the GPU runs them together (the global layer's gate projection beside
+/// the sparse attention). `K31_OVERLAP=0` turns it off (experiments).
+pub(crate) fn overlap_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("K31_OVERLAP").map_or(true, |v| v != "0"))
+}
+
 /// A float tensor's values as f32, or an error naming it.
 pub(crate) fn floats(v: &TensorView<'_>, name: &str) -> Result<Vec<f32>, GpuError> {
     v.floats().ok_or_else(|| GpuError::Shape(format!("{name}: dtype {} is not a float type", v.dtype.name())))

@@ -1145,7 +1145,36 @@ pub fn mla_attention(
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     let variant = MlaVariant::default_for(gpu)?;
-    mla_attention_variant(gpu, enc, variant, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler)
+    mla_attention_variant(gpu, enc, variant, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler, None)
+}
+
+/// Work recorded between the attention dispatch and the merge (see [`mla_attention_with`]).
+pub type Between<'a> = &'a mut dyn FnMut(&mut wgpu::CommandEncoder) -> Result<(), GpuError>;
+
+/// [`mla_attention`] with `between` recorded after the attention dispatch and before the
+/// merge: a dispatch that reads nothing the attention writes and whose outputs are new in this
+/// encoder needs no barrier there, so the GPU runs it beside the latency-bound attention (the
+/// global layer's gate projection: the merge reads it).
+#[allow(clippy::too_many_arguments)]
+pub fn mla_attention_with(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    dims: &MlaDims,
+    cache: &PagedRows,
+    qa: &wgpu::Buffer,
+    sel: Option<(&wgpu::Buffer, usize)>,
+    kv_b: &GpuTensor,
+    gate: Option<&wgpu::Buffer>,
+    part: &wgpu::Buffer,
+    o: &wgpu::Buffer,
+    lse: &wgpu::Buffer,
+    n_queries: usize,
+    q_pos0: usize,
+    profiler: Option<&mut Profiler>,
+    between: Between<'_>,
+) -> Result<(), GpuError> {
+    let variant = MlaVariant::default_for(gpu)?;
+    mla_attention_variant(gpu, enc, variant, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler, Some(between))
 }
 
 /// [`mla_attention`] with an explicit attention kernel.
@@ -1166,6 +1195,7 @@ pub fn mla_attention_variant(
     n_queries: usize,
     q_pos0: usize,
     mut profiler: Option<&mut Profiler>,
+    between: Option<Between<'_>>,
 ) -> Result<(), GpuError> {
     dims.check()?;
     let wkv = single_chunk(kv_b, "mla_attention")?;
@@ -1214,6 +1244,9 @@ pub fn mla_attention_variant(
     let groups = [splits as u32, head_groups as u32, n_queries as u32];
     check_groups(gpu, "mla_attend", groups)?;
     gpu.dispatch_grid(enc, &kernel, &params, &entries, groups, profiler.as_deref_mut())?;
+    if let Some(work) = between {
+        work(enc)?;
+    }
     let (out_kernel, out_rows) = match (tuning.out_rows >= 64, tuning.checked) {
         (true, _) => (MLA_MERGE_OUT_64, 64),
         (false, false) => (MLA_MERGE_OUT, 32),
