@@ -10,10 +10,26 @@ use k31_viewer::heatmap::{encode, fill_row};
 use k31_viewer::keys::{self, Action};
 use k31_viewer::*;
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("k31-viewer-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    dir.join(name)
+/// A test's own temporary directory, removed with everything in it when dropped (a failing
+/// test leaves it for inspection only if the process dies).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(test: &str) -> Scratch {
+        let dir = std::env::temp_dir().join(format!("k31-viewer-test-{}-{test}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A headless renderer, or None (test skipped) when the machine has no adapter.
@@ -77,7 +93,8 @@ fn png_has_expected_pixels_at_known_cells() {
     assert_eq!(hm.context(), 40);
     let view = ViewState::default();
     let (w, h) = (640, 360);
-    let path = scratch("layers.png");
+    let tmp = Scratch::new("layers");
+    let path = tmp.path("layers.png");
     render_png(&mut r, &hm, &view, (w, h), None, &path).expect("render");
     let (pw, ph, rgba) = read_png(&path).expect("decode");
     assert_eq!((pw, ph), (w, h));
@@ -213,7 +230,8 @@ fn values_per_colour_mode() {
 
 #[test]
 fn trace_round_trip() {
-    let path = scratch("trace.jsonl");
+    let tmp = Scratch::new("trace");
+    let path = tmp.path("trace.jsonl");
     let mut w = TraceWriter::create(&path).expect("create");
     {
         let sink: &mut dyn SelectionSink = &mut w;
@@ -248,14 +266,14 @@ fn trace_round_trip() {
     assert_eq!(first["format"], "k31-selection-trace");
 
     // A file that is not a trace is refused with its line number.
-    let bad = scratch("bad.jsonl");
+    let bad = tmp.path("bad.jsonl");
     std::fs::write(&bad, "{\"layer\": 1, \"position\": 0, \"positions\": [0], \"scores\": [1]}\n").expect("write");
     let e = read_trace(&bad).expect_err("no header").to_string();
     assert!(e.contains(":1:") && e.contains("header"), "{e}");
     std::fs::write(&bad, format!("{}\n{{\"layer\": 1, \"position\": 0, \"positions\": [0, 1], \"scores\": [1]}}\n", raw.lines().next().unwrap_or_default())).expect("write");
     let e = read_trace(&bad).expect_err("length mismatch").to_string();
     assert!(e.contains(":2:") && e.contains("2 positions but 1 scores"), "{e}");
-    assert!(read_trace(&scratch("missing.jsonl")).is_err());
+    assert!(read_trace(&tmp.path("missing.jsonl")).is_err());
 }
 
 #[test]
@@ -321,7 +339,8 @@ fn gen_control_pause_step_stop() {
 #[test]
 fn png_export_thread_writes_every_n_and_final() {
     let Some(_) = renderer() else { return };
-    let path = scratch("export.png");
+    let tmp = Scratch::new("export");
+    let path = tmp.path("export.png");
     let mut opts = PngExportOptions::new(&path);
     opts.every = Some(2);
     opts.size = (320, 200);
