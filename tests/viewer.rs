@@ -10,8 +10,8 @@ use k31_viewer::heatmap::{encode, fill_row};
 use k31_viewer::keys::{self, Action};
 use k31_viewer::*;
 
-/// A test's own temporary directory, removed with everything in it when dropped (a failing
-/// test leaves it for inspection only if the process dies).
+/// A test's own temporary directory, removed with everything in it when dropped (also when
+/// the test panics).
 struct Scratch(PathBuf);
 
 impl Scratch {
