@@ -447,15 +447,20 @@ impl GlobalAttn {
                 _ => None,
             };
             let gate_b = gate.map(|_| &g_b);
-            match self.g_proj.as_ref().filter(|_| gate_beside) {
-                // The gate GEMV (176 MB for K3.1, memory-bound) needs no barrier after the
-                // attention (latency-bound, little memory traffic): the GPU overlaps the two.
-                Some(gp) => {
-                    let mut gate_gemv = |enc: &mut wgpu::CommandEncoder| crate::ops::gemv::gemv(gpu, enc, gp, x, &g, None);
-                    dsa::mla_attention_with(gpu, &mut enc, &dm, &cache.latent, &qa_b, sel_arg, &self.kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut(), &mut gate_gemv)?
-                }
-                None => dsa::mla_attention(gpu, &mut enc, &dm, &cache.latent, &qa_b, sel_arg, &self.kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut())?,
-            }
+            // The gate GEMV (176 MB for K3.1, memory-bound) needs no barrier after the
+            // attention (latency-bound, little memory traffic): the GPU overlaps the two.
+            let gate_proj = self.g_proj.as_ref().filter(|_| gate_beside);
+            let mut gate_gemv = |enc: &mut wgpu::CommandEncoder| match gate_proj {
+                Some(gp) => crate::ops::gemv::gemv(gpu, enc, gp, x, &g, None),
+                None => Ok(()),
+            };
+            let between: Option<dsa::Between> = match gate_proj {
+                Some(_) => Some(&mut gate_gemv),
+                None => None,
+            };
+            let variant = dsa::MlaVariant::default_for(gpu)?;
+            let (latent, kv_b) = (&cache.latent, &self.kv_b);
+            dsa::mla_attention_variant(gpu, &mut enc, variant, &dm, latent, &qa_b, sel_arg, kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut(), between)?;
             copy_rows(&mut enc, &o_b, &o, vo, t0, nb, true);
             copy_rows(&mut enc, &lse_b, &lse, h, t0, nb, true);
             let listening = opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) && sel_arg.is_some();

@@ -1148,36 +1148,14 @@ pub fn mla_attention(
     mla_attention_variant(gpu, enc, variant, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler, None)
 }
 
-/// Work recorded between the attention dispatch and the merge (see [`mla_attention_with`]).
+/// Work recorded between the attention dispatch and the merge ([`mla_attention_variant`]'s
+/// `between`): a dispatch that reads nothing the attention writes and whose outputs are new in
+/// this encoder needs no barrier there, so the GPU runs it beside the latency-bound attention
+/// (the global layer's gate projection: the merge reads it).
 pub type Between<'a> = &'a mut dyn FnMut(&mut wgpu::CommandEncoder) -> Result<(), GpuError>;
 
-/// [`mla_attention`] with `between` recorded after the attention dispatch and before the
-/// merge: a dispatch that reads nothing the attention writes and whose outputs are new in this
-/// encoder needs no barrier there, so the GPU runs it beside the latency-bound attention (the
-/// global layer's gate projection: the merge reads it).
-#[allow(clippy::too_many_arguments)]
-pub fn mla_attention_with(
-    gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
-    dims: &MlaDims,
-    cache: &PagedRows,
-    qa: &wgpu::Buffer,
-    sel: Option<(&wgpu::Buffer, usize)>,
-    kv_b: &GpuTensor,
-    gate: Option<&wgpu::Buffer>,
-    part: &wgpu::Buffer,
-    o: &wgpu::Buffer,
-    lse: &wgpu::Buffer,
-    n_queries: usize,
-    q_pos0: usize,
-    profiler: Option<&mut Profiler>,
-    between: Between<'_>,
-) -> Result<(), GpuError> {
-    let variant = MlaVariant::default_for(gpu)?;
-    mla_attention_variant(gpu, enc, variant, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler, Some(between))
-}
-
-/// [`mla_attention`] with an explicit attention kernel.
+/// [`mla_attention`] with an explicit attention kernel, and `between` recorded after the
+/// attention dispatch, before the merge.
 #[allow(clippy::too_many_arguments)]
 pub fn mla_attention_variant(
     gpu: &Gpu,
