@@ -470,6 +470,54 @@ fn gemv_many_matches_reference() {
     gemv_many_vs_reference(&gpu, &[1, 17, 301, 40, 33, 96]);
 }
 
+/// Up to two matrices plus a gated pair in one multi-matrix dispatch (`gemv_many_glu`, the
+/// MoE decode's router logits, latent down-projection and shared experts' activation): each
+/// output against the reference GEMV, the pair's against act(gate x, up x), for both
+/// activations, 0-2 plain matrices, odd row counts and a column tail shorter than a lane step;
+/// three plain matrices or a mismatched pair are refused.
+#[test]
+fn gemv_many_glu_matches_reference() {
+    let Some(gpu) = support::gpu() else { return };
+    let cols = 200;
+    let x = support::random_vec(31, cols);
+    let xb = gpu.storage_from("x", &x);
+    let matrix = |seed: u64, rows: usize| {
+        let w = bf16_round(&support::random_vec(seed, rows * cols).iter().map(|v| v * 0.3).collect::<Vec<_>>());
+        (bf16_tensor(&gpu, "w", rows, cols, &w), w)
+    };
+    let (glu_rows, plain_rows) = (29, [37, 13, 5]);
+    let (gate, wg) = matrix(40, glu_rows);
+    let (up, wu) = matrix(41, glu_rows);
+    let plain: Vec<_> = plain_rows.iter().enumerate().map(|(i, &r)| matrix(50 + i as u64, r)).collect();
+    let ys: Vec<_> = plain_rows.iter().map(|&r| gpu.storage("y", (r * 4) as u64)).collect();
+    let (g, u) = (reference::moe::matvec(&wg, glu_rows, cols, &x), reference::moe::matvec(&wu, glu_rows, cols, &x));
+    for act in [SITU, Activation::Silu] {
+        for n_plain in 0..=2 {
+            let out = gpu.storage("act", (glu_rows * 4) as u64);
+            let pair = gemv::GluPair { gate: &gate, up: &up, act, out: &out };
+            let pairs: Vec<_> = plain.iter().zip(&ys).take(n_plain).map(|((w, _), y)| (w, y)).collect();
+            assert!(gemv::glu_fits(&gpu, &pairs, &pair));
+            run(&gpu, |enc| gemv::gemv_many_glu(&gpu, enc, &pairs, &pair, &xb, None).unwrap());
+            let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| reference::moe::glu(act, a, b) as f32).collect();
+            let e = rel_l2(&gpu.read::<f32>(&out, glu_rows).unwrap(), &want);
+            assert!(e < 1e-5, "{act:?} beside {n_plain} matrices: gated output rel L2 {e}");
+            for (i, ((_, w), y)) in plain.iter().zip(&ys).take(n_plain).enumerate() {
+                let got: Vec<f32> = gpu.read(y, plain_rows[i]).unwrap();
+                let want = reference::gemv::gemv(w, plain_rows[i], cols, &x);
+                assert!(support::nmse(&got, &want) < 1e-10, "{act:?}: matrix {i} beside the pair: nmse {}", support::nmse(&got, &want));
+            }
+        }
+    }
+    let out = gpu.storage("act", (glu_rows * 4) as u64);
+    let pair = gemv::GluPair { gate: &gate, up: &up, act: SITU, out: &out };
+    let three: Vec<_> = plain.iter().zip(&ys).map(|((w, _), y)| (w, y)).collect();
+    assert!(!gemv::glu_fits(&gpu, &three, &pair));
+    run(&gpu, |enc| assert!(gemv::gemv_many_glu(&gpu, enc, &three, &pair, &xb, None).is_err()));
+    let (short_up, _) = matrix(42, glu_rows - 1);
+    let bad = gemv::GluPair { gate: &gate, up: &short_up, act: SITU, out: &out };
+    assert!(!gemv::glu_fits(&gpu, &[], &bad));
+}
+
 /// Adapters that run fewer than 512 invocations per workgroup get kernels that fit: the MXFP4
 /// decode's shared-memory pair instead of the subgroup ones, one GEMV per matrix instead of the
 /// multi-matrix kernel, no normed GEMV; the results stay the reference's.

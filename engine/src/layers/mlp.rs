@@ -113,6 +113,11 @@ impl GluMlp {
         gpu.scratch("mlp act", (tokens * self.inner() * 4) as u64)
     }
 
+    /// The gate and up projections [inner, d].
+    pub fn gate_up(&self) -> (&GpuTensor, &GpuTensor) {
+        (&self.gate, &self.up)
+    }
+
     /// The down-projection [d, inner].
     pub fn down(&self) -> &GpuTensor {
         &self.down

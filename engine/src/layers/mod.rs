@@ -20,6 +20,14 @@ pub(crate) fn overlap_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("K31_OVERLAP").map_or(true, |v| v != "0"))
 }
 
+/// Whether a one-token MoE decode computes the shared experts' activation in its projection
+/// pass (gate and up rows paired per subgroup) instead of the router's dispatch;
+/// `K31_GLU_IN_PASS=0` turns it off (experiments).
+pub(crate) fn glu_in_pass() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("K31_GLU_IN_PASS").map_or(true, |v| v != "0"))
+}
+
 /// A float tensor's values as f32, or an error naming it.
 pub(crate) fn floats(v: &TensorView<'_>, name: &str) -> Result<Vec<f32>, GpuError> {
     v.floats().ok_or_else(|| GpuError::Shape(format!("{name}: dtype {} is not a float type", v.dtype.name())))

@@ -120,18 +120,32 @@ impl MoeBlock {
         if let (Some(l), Some(z)) = (&self.latent, &z_owned) {
             from_x.push((&l.down, z));
         }
-        let shared_gu = self.shared.as_ref().map(|s| s.projection_buffers(gpu, t));
-        if let (Some(s), Some((g, u))) = (&self.shared, &shared_gu) {
-            from_x.extend(s.projections(g, u));
-        }
-        linear_many(gpu, enc, &from_x, t, x, prof.as_deref_mut())?;
-        // The shared experts' activation runs in the router's dispatch (both read that pass).
         let shared_act = self.shared.as_ref().map(|s| s.act_buffer(gpu, t));
-        let glu = match (&self.shared, &shared_gu, &shared_act) {
-            (Some(s), Some((g, u)), Some(a)) => Some(GluJob { act: s.activation(), n: t * s.inner(), gate: g, up: u, out: a }),
+        // One token: the projection pass writes the shared experts' activation itself (gate
+        // and up rows paired per subgroup), so the router's dispatch has no GLU to run.
+        let in_pass = match (&self.shared, &shared_act) {
+            (Some(s), Some(a)) if t == 1 && super::glu_in_pass() => {
+                let (gate, up) = s.gate_up();
+                Some(gemv::GluPair { gate, up, act: s.activation(), out: a }).filter(|pair| gemv::glu_fits(gpu, &from_x, pair))
+            }
             _ => None,
         };
-        router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, glu, prof.as_deref_mut())?;
+        if let Some(pair) = &in_pass {
+            gemv::gemv_many_glu(gpu, enc, &from_x, pair, x, prof.as_deref_mut())?;
+            router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, None, prof.as_deref_mut())?;
+        } else {
+            let shared_gu = self.shared.as_ref().map(|s| s.projection_buffers(gpu, t));
+            if let (Some(s), Some((g, u))) = (&self.shared, &shared_gu) {
+                from_x.extend(s.projections(g, u));
+            }
+            linear_many(gpu, enc, &from_x, t, x, prof.as_deref_mut())?;
+            // The shared experts' activation runs in the router's dispatch (both read that pass).
+            let glu = match (&self.shared, &shared_gu, &shared_act) {
+                (Some(s), Some((g, u)), Some(a)) => Some(GluJob { act: s.activation(), n: t * s.inner(), gate: g, up: u, out: a }),
+                _ => None,
+            };
+            router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, glu, prof.as_deref_mut())?;
+        }
         let z = match &z_owned {
             Some(z) => z,
             None => x,

@@ -1,6 +1,7 @@
 //! Matrix-vector products (decode projections): `y = W x` with W in its checkpoint dtype.
 
 use super::shader_params;
+use crate::config::Activation;
 use crate::gpu::{Gpu, GpuError, GpuTensor, Kernel, Profiler};
 use crate::layout::DType;
 
@@ -16,7 +17,7 @@ shader_params!(
 
 shader_params!(
     /// Mirrors `MultiParams` in shaders/gemv_multi.wgsl.
-    MultiParams in "gemv_multi" { cols: u32, _pad0: u32, _pad1: u32, _pad2: u32, start: [u32; 4], rows: [u32; 4], row_offset: [u32; 4] }
+    MultiParams in "gemv_multi" { cols: u32, glu: u32, beta: f32, linear_beta: f32, start: [u32; 4], rows: [u32; 4], row_offset: [u32; 4] }
 );
 
 pub const GEMV_BF16: Kernel = Kernel::new("gemv_bf16", "gemv", "gemv_bf16");
@@ -201,6 +202,86 @@ pub fn gemv_many(
         gpu.dispatch(enc, &GEMV_BF16_MULTI, &p, &bufs, (blocks as u32, 1), profiler.as_deref_mut())?;
     }
     Ok(())
+}
+
+/// A gated pair for [`gemv_many_glu`]: out [rows] = act(gate x, up x), gate and up bf16 of
+/// one shape.
+pub struct GluPair<'a> {
+    pub gate: &'a GpuTensor,
+    pub up: &'a GpuTensor,
+    pub act: Activation,
+    pub out: &'a wgpu::Buffer,
+}
+
+/// Whether [`gemv_many_glu`] runs here: the multi kernel's adapter needs, every matrix one
+/// binding of bf16 with the same multiple-of-8 columns, at most two plain matrices beside the
+/// pair (the pair takes entries 2 and 3 of one dispatch).
+pub fn glu_fits(gpu: &Gpu, pairs: &[(&GpuTensor, &wgpu::Buffer)], glu: &GluPair) -> bool {
+    let cols = glu.gate.shape.get(1).copied().unwrap_or(0);
+    let one = |w: &GpuTensor| w.chunks.len() == 1 && w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] == cols && w.rows() > 0;
+    gpu.caps.subgroups
+        && gpu.caps.max_invocations >= MULTI_THREADS
+        && gpu.caps.max_storage_buffers >= 9
+        && cols.is_multiple_of(8)
+        && cols > 0
+        && pairs.len() <= 2
+        && pairs.iter().all(|(w, _)| one(w))
+        && one(glu.gate)
+        && one(glu.up)
+        && glu.gate.shape == glu.up.shape
+}
+
+/// [`gemv_many`] of up to two matrices plus a gated pair, in one dispatch: y_i = W_i x and
+/// glu.out = act(gate x, up x) (one token's router logits, latent down-projection and shared
+/// experts' activation). Refused where [`glu_fits`] is false.
+pub fn gemv_many_glu(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    pairs: &[(&GpuTensor, &wgpu::Buffer)],
+    glu: &GluPair,
+    x: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    if !glu_fits(gpu, pairs, glu) {
+        return Err(GpuError::Shape(format!(
+            "gemv_many_glu: {} and {} {:?} with {} more matrices need one-binding bf16 matrices of the same columns (a multiple of 8), at most two beside the pair, and subgroups",
+            glu.gate.label,
+            glu.up.label,
+            glu.gate.shape,
+            pairs.len()
+        )));
+    }
+    let (rows, cols) = (glu.gate.rows(), glu.gate.shape[1]);
+    if x.size() < (cols * 4) as u64 || glu.out.size() < (rows * 4) as u64 || pairs.iter().any(|(w, y)| y.size() < (w.rows() * 4) as u64) {
+        return Err(GpuError::Shape(format!("gemv_many_glu: x needs {cols} f32, the gated output {rows}, each output its matrix's rows")));
+    }
+    let (act, beta, linear_beta) = super::norm::glu_code(glu.act);
+    let mut p = MultiParams { cols: cols as u32, glu: 1 + act, beta, linear_beta, start: [u32::MAX; 4], ..Default::default() };
+    let placeholders: Vec<wgpu::Buffer> = (0..2 * (2 - pairs.len())).map(|_| gpu.scratch("gemv_many_glu placeholder", 16)).collect();
+    let mut bufs: Vec<(u32, &wgpu::Buffer)> = vec![(1, x)];
+    let mut blocks = 0u32;
+    for (e, (w, y)) in pairs.iter().enumerate() {
+        p.start[e] = blocks;
+        p.rows[e] = w.rows() as u32;
+        blocks += (w.rows() as u32).div_ceil(MULTI_RPW as u32);
+        bufs.extend([(2 + e as u32, &w.chunks[0].buffer), (6 + e as u32, *y)]);
+    }
+    for (i, e) in (pairs.len()..2).enumerate() {
+        bufs.extend([(2 + e as u32, &placeholders[2 * i]), (6 + e as u32, &placeholders[2 * i + 1])]);
+    }
+    // Entries 0 and 1 unused keep start = MAX: their blocks are none, and entry 2 starts where
+    // the used ones end.
+    if pairs.len() < 2 {
+        p.start[pairs.len()..2].iter_mut().for_each(|s| *s = blocks);
+    }
+    p.start[2] = blocks;
+    p.rows[2] = rows as u32;
+    blocks += (rows as u32).div_ceil(MULTI_RPW as u32);
+    // Entry 3 (the up projection) owns no blocks of its own; its output binding is unused.
+    p.start[3] = blocks;
+    let up_out = gpu.scratch("gemv_many_glu up placeholder", 16);
+    bufs.extend([(4, &glu.gate.chunks[0].buffer), (5, &glu.up.chunks[0].buffer), (8, glu.out), (9, &up_out)]);
+    gpu.dispatch(enc, &GEMV_BF16_MULTI, &p, &bufs, (blocks, 1), profiler)
 }
 
 /// Whether [`gemv_normed`] runs here for W (bf16, cols % 8 == 0 and at most 4096).
