@@ -13,9 +13,9 @@
 //!   Every variant this adapter runs is timed and checked against the chunked path at T = 1,
 //!   and the model's one-dispatch decode (`decode_gated`: f_b's product, the recurrence and the
 //!   gated norm, a workgroup per head) with a pass each.
-//! * prefill: the chunked WY/UT path (prep + cumsum + intra + scan + out) at T = 8192, per path
-//!   (SIMT; cooperative matrices where the adapter has them), with a per-kernel breakdown, its
-//!   FLOP rate and its error against the f64 CPU recurrence on a few heads;
+//! * prefill: the chunked WY/UT path (prep + cumsum + intra + scan + out) at T = 8192, with a
+//!   per-kernel breakdown, its FLOP rate and its error against the f64 CPU recurrence on a few
+//!   heads, then with each state-pass kernel;
 //! * the same 8192 tokens token by token through the decode kernel (wall clock of one
 //!   submission, the fastest of three), for the >= 20x comparison.
 //!
@@ -27,7 +27,7 @@
 use k31_engine::bench::{copy_bandwidth, median_span, time_gpu, warm_gpu, Row};
 use k31_engine::config::KdaGate;
 use k31_engine::gpu::{Gpu, GpuError, Profiler};
-use k31_engine::ops::kda::{self, ChunkPath, ChunkScratch, DecodeStep, DecodeVariant, KdaGeom, KdaInputs, PrepKernel, Prepped, StateVariant};
+use k31_engine::ops::kda::{self, ChunkScratch, DecodeStep, DecodeVariant, KdaGeom, KdaInputs, PrepKernel, Prepped, StateVariant};
 use k31_engine::reference::kda as r;
 use k31_engine::wgpu;
 
@@ -52,36 +52,6 @@ fn errors(got: &[f32], want: &[f32]) -> (f64, f64) {
         wmax = wmax.max((w as f64).abs());
     }
     ((num / den.max(1e-300)).sqrt(), emax / wmax.max(1e-300))
-}
-
-/// Coop vs SIMT prefill on the same inputs at a small, awkward shape (ragged T, initial
-/// state): (o rel L2, final state rel L2). Each path gets its own prepped inputs and ring.
-fn coop_vs_simt(gpu: &Gpu, t_len: usize, heads: usize, dk: usize, gate: KdaGate, seed: usize) -> Result<(f64, f64), GpuError> {
-    let geom = KdaGeom { heads, head_dim: dk, taps: 4, gate, post_conv: false };
-    let p = geom.proj();
-    let rnd = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| ((((i + seed) * 7919) % 1013) as f32 / 1013.0 - 0.5) * s).collect() };
-    let qkv = gpu.storage_from("qkv", &rnd(t_len * 3 * p, 2.0));
-    let f = gpu.storage_from("f", &rnd(t_len * p, 2.0));
-    let b = gpu.storage_from("b", &rnd(t_len * heads, 4.0));
-    let conv_w = gpu.storage_from("conv", &rnd(3 * p * 4, 1.0));
-    let a_log = gpu.storage_from("a_log", &vec![1.0f32; heads]);
-    let dt_bias = gpu.storage_from("dt", &rnd(p, 1.0));
-    let inp = KdaInputs { qkv: &qkv, f: &f, b: &b, conv_w: &conv_w, a_log: &a_log, dt_bias: &dt_bias };
-    let s0 = rnd(heads * dk * dk, 0.5);
-    let mut outs = Vec::new();
-    for path in [ChunkPath::Simt, ChunkPath::Coop] {
-        let ring = gpu.storage("ring", (4 * 3 * p * 4) as u64);
-        let state = gpu.storage_from("state", &s0);
-        let o = gpu.storage("o", (t_len * p * 4) as u64);
-        let pre = Prepped::new(gpu, &geom, t_len);
-        let scratch = ChunkScratch::for_path(gpu, &geom, t_len, path)?;
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        kda::prep(gpu, &mut enc, &geom, t_len, 0, &inp, &ring, &pre, None)?;
-        kda::chunk_prefill_with(gpu, &mut enc, path, &geom, &pre, &scratch, &state, &o, None)?;
-        gpu.queue.submit([enc.finish()]);
-        outs.push((gpu.read::<f32>(&o, t_len * p)?, gpu.read::<f32>(&state, heads * dk * dk)?));
-    }
-    Ok((errors(&outs[1].0, &outs[0].0).0, errors(&outs[1].1, &outs[0].1).0))
 }
 
 fn note(extra: &mut serde_json::Map<String, serde_json::Value>, k: &str, v: f64) {
@@ -248,11 +218,11 @@ fn main() -> anyhow::Result<()> {
             let (ra, rb) = (gpu.storage_from("ra", &ring_data), gpu.storage_from("rb", &ring_data));
             let (oa, ob) = (gpu.storage("oa", (p * 4) as u64), gpu.storage("ob", (p * 4) as u64));
             let pre = Prepped::new(&gpu, &geom, 1);
-            let scratch = ChunkScratch::for_path(&gpu, &geom, 1, ChunkPath::Simt)?;
+            let scratch = ChunkScratch::new(&gpu, &geom, 1)?;
             let mut enc = gpu.device.create_command_encoder(&Default::default());
             kda::decode_with(&gpu, &mut enc, dv, &geom, 100, &inp, &ra, &sa, &oa, None)?;
             kda::prep(&gpu, &mut enc, &geom, 1, 100, &inp, &rb, &pre, None)?;
-            kda::chunk_prefill_with(&gpu, &mut enc, ChunkPath::Simt, &geom, &pre, &scratch, &sb, &ob, None)?;
+            kda::chunk_prefill(&gpu, &mut enc, &geom, &pre, &scratch, &sb, &ob, None)?;
             gpu.queue.submit([enc.finish()]);
             let (eo, _) = errors(&gpu.read::<f32>(&oa, p)?, &gpu.read::<f32>(&ob, p)?);
             let (es, _) = errors(&gpu.read::<f32>(&sa, heads * dk * dk)?, &gpu.read::<f32>(&sb, heads * dk * dk)?);
@@ -321,14 +291,7 @@ fn main() -> anyhow::Result<()> {
     let t0 = std::time::Instant::now();
     let (want_o, want_s) = r::recurrence(&rq, &rk, &rv, &rg, &rbeta, &[], t_len, check_heads, dk, dk);
     println!("    (f64 CPU reference over {check_heads} heads: {:.1} s)", t0.elapsed().as_secs_f64());
-    // SIMT first: the coop path is then compared with it as well as with the reference.
-    let mut paths = ChunkPath::available(&gpu, &geom);
-    paths.sort_by_key(|p| *p != ChunkPath::Simt);
-    if state_only {
-        paths.clear();
-    }
     let mut t_best = f64::INFINITY;
-    let mut simt_out: Option<(Vec<f32>, Vec<f32>)> = None;
     // One run of `record` (which starts from S0 = 0): all heads' o and final state, and their
     // (rel L2, max) errors against the f64 reference on the first `check_heads` heads.
     type Record<'a> = dyn FnMut(&mut wgpu::CommandEncoder, Option<&mut Profiler>) -> Result<(), GpuError> + 'a;
@@ -356,47 +319,41 @@ fn main() -> anyhow::Result<()> {
         prof.collect(&gpu)?;
         Ok(prof.report())
     };
-    for path in paths {
-        let scratch = ChunkScratch::for_path(&gpu, &geom, t_len, path)?;
+    if !state_only {
+        // Report keys keep the name the SIMT path had beside the former coop path.
+        let path = "Simt";
+        let scratch = ChunkScratch::new(&gpu, &geom, t_len)?;
         let mut record = |enc: &mut wgpu::CommandEncoder, mut prof: Option<&mut Profiler>| -> Result<(), GpuError> {
             enc.clear_buffer(&state, 0, None);
             kda::prep(&gpu, enc, &geom, t_len, 0, &inp, &ring, &pre, prof.as_deref_mut())?;
-            kda::chunk_prefill_with(&gpu, enc, path, &geom, &pre, &scratch, &state, &ot, prof)
+            kda::chunk_prefill(&gpu, enc, &geom, &pre, &scratch, &state, &ot, prof)
         };
         // The f64 reference (seconds on the host) left the GPU idle: back to its steady clock.
         warm_gpu(&gpu, 150, 4000)?;
         let t_pre = time_gpu(&gpu, 2, 10, &mut record)?;
         t_best = t_best.min(t_pre);
-        let name = format!("kda chunked prefill T={t_len} {heads}x{dk} [{path:?}]");
-        println!("    ({path:?} chunk scratch: {:.1} MB, plus the prepped q, k, v, g, beta: {:.1} MB)", scratch.bytes() as f64 / 1e6,
+        let name = format!("kda chunked prefill T={t_len} {heads}x{dk} [{path}]");
+        println!("    ({path} chunk scratch: {:.1} MB, plus the prepped q, k, v, g, beta: {:.1} MB)", scratch.bytes() as f64 / 1e6,
             (4 * t_len * p * 4 + t_len * heads * 4) as f64 / 1e6);
-        note(&mut extra, &format!("prefill_{path:?}_scratch_mb"), scratch.bytes() as f64 / 1e6);
+        note(&mut extra, &format!("prefill_{path}_scratch_mb"), scratch.bytes() as f64 / 1e6);
         println!("{:<56} {:>10.2} us  {:>9.2} TFLOP/s  ({:.2} M tokens/s)", name, t_pre * 1e6, flops / t_pre / 1e12, t_len as f64 / t_pre / 1e6);
         rows.push(Row { name, time_us: t_pre * 1e6, rate: flops / t_pre / 1e12, ceiling: f64::NAN, unit: "TFLOP/s" });
-        note(&mut extra, &format!("prefill_{path:?}_us"), t_pre * 1e6);
+        note(&mut extra, &format!("prefill_{path}_us"), t_pre * 1e6);
         for op in profiled_run(&mut record)? {
             println!("    {:<32} {:>10.1} us", op.label, op.total_ns / 1e3);
-            note(&mut extra, &format!("prefill_{path:?}_{}_us", op.label), op.total_ns / 1e3);
+            note(&mut extra, &format!("prefill_{path}_{}_us", op.label), op.total_ns / 1e3);
         }
         // Errors: one more run from S0 = 0, against the CPU reference on the first heads.
-        let (o_all, s_all, (eo, mo), (es, ms)) = checked_run(&mut record)?;
+        let (_, _, (eo, mo), (es, ms)) = checked_run(&mut record)?;
         println!("    vs f64 reference ({check_heads} heads): o rel L2 {eo:.2e} (max {mo:.2e}), final state rel L2 {es:.2e} (max {ms:.2e})");
-        note(&mut extra, &format!("prefill_{path:?}_o_rel_l2"), eo);
-        note(&mut extra, &format!("prefill_{path:?}_state_rel_l2"), es);
-        match &simt_out {
-            None => simt_out = Some((o_all, s_all)),
-            Some((so, ss)) => {
-                let (eo, mo) = errors(&o_all, so);
-                let (es, _) = errors(&s_all, ss);
-                println!("    vs SIMT path (all {heads} heads): o rel L2 {eo:.2e} (max {mo:.2e}), final state rel L2 {es:.2e}");
-            }
-        }
+        note(&mut extra, &format!("prefill_{path}_o_rel_l2"), eo);
+        note(&mut extra, &format!("prefill_{path}_state_rel_l2"), es);
     }
 
     // The SIMT path with each state-pass kernel that runs here (same inputs): whole prefill,
     // the state kernel's profiled time, and the errors against the reference.
     {
-        let scratch = ChunkScratch::for_path(&gpu, &geom, t_len, ChunkPath::Simt)?;
+        let scratch = ChunkScratch::new(&gpu, &geom, t_len)?;
         println!("    SIMT state-pass variants (default here: {:?}):", StateVariant::default_for(&gpu, &geom)?);
         for sv in StateVariant::ALL {
             if !sv.runs_on(&gpu, &geom)? {
@@ -424,29 +381,6 @@ fn main() -> anyhow::Result<()> {
     if state_only {
         return Ok(());
     }
-    // The coop path at awkward shapes against the SIMT path (itself tested against the f64
-    // reference at these shapes on lavapipe).
-    if ChunkPath::available(&gpu, &geom).contains(&ChunkPath::Coop) {
-        let mut worst: f64 = 0.0;
-        for (i, &(t, h, k, gate)) in [
-            (1, 1, 16, KdaGate::Softplus),
-            (17, 2, 32, KdaGate::Bounded { lower_bound: -5.0 }),
-            (65, 3, 64, KdaGate::Softplus),
-            (200, 2, 128, KdaGate::Bounded { lower_bound: -5.0 }),
-            (1000, 4, 128, KdaGate::Softplus),
-            (130, 2, 80, KdaGate::Bounded { lower_bound: -5.0 }),
-        ]
-        .iter()
-        .enumerate()
-        {
-            let (eo, es) = coop_vs_simt(&gpu, t, h, k, gate, i * 31)?;
-            println!("    coop vs SIMT T={t} H={h} K={k} {gate:?} S0 random: o rel L2 {eo:.2e}, state rel L2 {es:.2e}");
-            worst = worst.max(eo).max(es);
-        }
-        println!("    coop vs SIMT at small shapes: worst rel L2 {worst:.2e}");
-        note(&mut extra, "coop_small_shapes_worst_rel_l2", worst);
-    }
-
     // Token by token through the decode kernel: one submission of T dispatches, the fastest
     // of three, each started at the steady clock (one submission's wall clock swung from 142 to
     // 291 ms between processes on the H200 before the warm-up; the fastest is the conservative

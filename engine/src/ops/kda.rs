@@ -126,26 +126,15 @@ pub const KDA_CHUNK_INTRA: Kernel = Kernel::new("kda_chunk_intra", "kda_chunk", 
 /// where the gate is bounded by a lower bound in [DIAG_REF_BOUND, 0] (see `intra_kernel`).
 pub const KDA_CHUNK_INTRA_REF: Kernel =
     Kernel::new("kda_chunk_intra_ref", "kda_chunk", "kda_chunk_intra").with_constants(&[("DIAG_REF", 1.0)]).unchecked();
-/// kda_chunk_intra_h (the coop path's) with the reference-row diagonal blocks.
-pub const KDA_CHUNK_INTRA_H_REF: Kernel =
-    Kernel::new("kda_chunk_intra_h_ref", "kda_chunk", "kda_chunk_intra").with_constants(&[("HALF_OUT", 1.0), ("DIAG_REF", 1.0)]);
 /// The lowest per-token log decay for which the reference-row intra cannot overflow: its
 /// diagonal factors reach e^(15 * 5.5) = e^82.5, times up to 128 terms, under f32's e^88.7.
 const DIAG_REF_BOUND: f32 = -5.5;
-/// kda_chunk_intra writing w, qg, kg as packed f16 (the coop scan's operands).
-pub const KDA_CHUNK_INTRA_H: Kernel =
-    Kernel::new("kda_chunk_intra_h", "kda_chunk", "kda_chunk_intra").with_constants(&[("HALF_OUT", 1.0)]);
 
-/// The intra-chunk kernel of `path` for this gate: the reference-row form where the bounded
-/// gate allows it (on the H200 3.46 -> 2.95 ms at T = 8192 x 96 x 128), else pairwise.
-fn intra_kernel(path: ChunkPath, geom: &KdaGeom) -> &'static Kernel {
+/// The intra-chunk kernel for this gate: the reference-row form where the bounded gate allows
+/// it (on the H200 3.46 -> 2.95 ms at T = 8192 x 96 x 128), else pairwise.
+fn intra_kernel(geom: &KdaGeom) -> &'static Kernel {
     let reference_row = matches!(geom.gate, KdaGate::Bounded { lower_bound } if (DIAG_REF_BOUND..=0.0).contains(&lower_bound));
-    match (path, reference_row) {
-        (ChunkPath::Simt, true) => &KDA_CHUNK_INTRA_REF,
-        (ChunkPath::Simt, false) => &KDA_CHUNK_INTRA,
-        (ChunkPath::Coop, true) => &KDA_CHUNK_INTRA_H_REF,
-        (ChunkPath::Coop, false) => &KDA_CHUNK_INTRA_H,
-    }
+    if reference_row { &KDA_CHUNK_INTRA_REF } else { &KDA_CHUNK_INTRA }
 }
 
 /// The state pass with w and kg staged (41 KB of workgroup memory, K <= STATE_KMAX).
@@ -161,8 +150,6 @@ pub const KDA_CHUNK_STATE_R32: Kernel = Kernel::new("kda_chunk_state_r32", "kda_
 /// value columns per workgroup of 64 threads, 16 KiB; K <= 128.
 pub const KDA_CHUNK_STATE_B: Kernel = Kernel::new("kda_chunk_state_b", "kda_chunk", "kda_chunk_state_b").unchecked();
 pub const KDA_CHUNK_OUT: Kernel = Kernel::new("kda_chunk_out", "kda_chunk", "kda_chunk_out").unchecked();
-/// State recurrence and output of the chunked prefill on cooperative matrices (kda_coop.wgsl).
-pub const KDA_COOP_SCAN: Kernel = Kernel::new("kda_coop_scan", "kda_coop", "kda_coop_scan").coopmat().subgroups();
 pub const KERNELS: &[Kernel] = &[
     KDA_PREP,
     KDA_PREP_SG,
@@ -179,34 +166,21 @@ pub const KERNELS: &[Kernel] = &[
     KDA_CHUNK_CUMSUM,
     KDA_CHUNK_INTRA,
     KDA_CHUNK_INTRA_REF,
-    KDA_CHUNK_INTRA_H,
-    KDA_CHUNK_INTRA_H_REF,
     KDA_CHUNK_STATE,
     KDA_CHUNK_STATE16,
     KDA_CHUNK_STATE_R32,
     KDA_CHUNK_STATE_B,
     KDA_CHUNK_OUT,
-    KDA_COOP_SCAN,
 ];
-
-shader_params!(
-    /// Mirrors `KdaCoopParams` in shaders/kda_coop.wgsl.
-    KdaCoopParams in "kda_coop" { t_len: u32, heads: u32, dk: u32, nchunks: u32 }
-);
 
 pub fn params() -> Vec<super::ParamsLayout> {
     vec![
         super::layout_of::<KdaParams>(),
         super::ParamsLayout { shader: "kda_sg", ..super::layout_of::<KdaParams>() },
         super::layout_of::<KdaChunkParams>(),
-        super::layout_of::<KdaCoopParams>(),
     ]
 }
 
-/// Largest head dim of the cooperative-matrix prefill (KMAX in kda_coop.wgsl).
-const COOP_KMAX: usize = 128;
-/// Value columns per coop scan workgroup (BV in kda_coop.wgsl).
-const COOP_BV: usize = 16;
 
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
@@ -463,17 +437,14 @@ impl Prepped {
 
 /// Scratch of the chunked prefill for up to `t_len` tokens.
 pub struct ChunkScratch {
-    /// w, qg, kg [T, H, K]: f32 on the SIMT path, packed f16 on the coop path.
+    /// w, qg, kg [T, H, K].
     w: wgpu::Buffer,
     u: wgpu::Buffer,
     qg: wgpu::Buffer,
     kg: wgpu::Buffer,
     aqk: wgpu::Buffer,
-    /// [N, H, K, V] state before each chunk (SIMT path only: the coop scan fuses the output).
-    hs: Option<wgpu::Buffer>,
-    /// Stand-ins for the bindings the chosen intra variant does not use.
-    dummies: [wgpu::Buffer; 4],
-    path: ChunkPath,
+    /// [N, H, K, V] state before each chunk.
+    hs: wgpu::Buffer,
     t_len: usize,
 }
 
@@ -481,52 +452,27 @@ impl ChunkScratch {
     /// Scratch for the adapter's default path. Fails when one scratch buffer would exceed a
     /// storage binding (split the prefill).
     pub fn new(gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<ChunkScratch, GpuError> {
-        ChunkScratch::for_path(gpu, geom, t_len, ChunkPath::available(gpu, geom)[0])
-    }
-
-    /// Scratch for `path` (the coop path needs no per-chunk states).
-    pub fn for_path(gpu: &Gpu, geom: &KdaGeom, t_len: usize, path: ChunkPath) -> Result<ChunkScratch, GpuError> {
         let chunks = t_len.div_ceil(CHUNK);
         let hs = (chunks * geom.heads * geom.head_dim * geom.head_dim * 4) as u64;
         let n = (t_len * geom.proj() * 4) as u64;
-        let big = if path == ChunkPath::Simt { hs.max(n) } else { n };
+        let big = hs.max(n);
         if big > gpu.caps.max_binding {
             return Err(GpuError::TooLarge { what: format!("kda prefill of {t_len} tokens (chunk scratch)"), needed: big, limit: gpu.caps.max_binding });
         }
-        let wn = if path == ChunkPath::Simt { n } else { n / 2 };
         Ok(ChunkScratch {
-            w: gpu.storage("kda w", wn),
+            w: gpu.storage("kda w", n),
             u: gpu.storage("kda u", n),
-            qg: gpu.storage("kda qg", wn),
-            kg: gpu.storage("kda kg", wn),
-            aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * if path == ChunkPath::Simt { 4 } else { 2 }) as u64),
-            hs: (path == ChunkPath::Simt).then(|| gpu.storage("kda chunk states", hs)),
-            dummies: std::array::from_fn(|_| gpu.storage("kda unused", 16)),
-            path,
+            qg: gpu.storage("kda qg", n),
+            kg: gpu.storage("kda kg", n),
+            aqk: gpu.storage("kda A_qk", (chunks * geom.heads * CHUNK * CHUNK * 4) as u64),
+            hs: gpu.storage("kda chunk states", hs),
             t_len,
         })
     }
 
     /// Bytes of GPU memory this scratch holds.
     pub fn bytes(&self) -> u64 {
-        let mut n = [&self.w, &self.u, &self.qg, &self.kg, &self.aqk].iter().map(|b| b.size()).sum::<u64>();
-        n += self.hs.as_ref().map_or(0, |b| b.size());
-        n + self.dummies.iter().map(|b| b.size()).sum::<u64>()
-    }
-
-    /// w, qg, kg, u [T, H, K] and A_qk [N, H, C, C] as f32 after a prefill's intra-chunk kernel (tests: the coop
-    /// path's packed f16 outputs are widened).
-    pub fn read_intra(&self, gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<[Vec<f32>; 5], GpuError> {
-        let wide = |b: &wgpu::Buffer, n: usize| -> Result<Vec<f32>, GpuError> {
-            if self.path == ChunkPath::Simt {
-                gpu.read::<f32>(b, n)
-            } else {
-                Ok(gpu.read::<u16>(b, n)?.into_iter().map(|x| half::f16::from_bits(x).to_f32()).collect())
-            }
-        };
-        let n = t_len * geom.proj();
-        let na = t_len.div_ceil(CHUNK) * geom.heads * CHUNK * CHUNK;
-        Ok([wide(&self.w, n)?, wide(&self.qg, n)?, wide(&self.kg, n)?, gpu.read::<f32>(&self.u, n)?, wide(&self.aqk, na)?])
+        [&self.w, &self.u, &self.qg, &self.kg, &self.aqk, &self.hs].iter().map(|b| b.size()).sum()
     }
 }
 
@@ -837,41 +783,9 @@ pub fn decode_one_pass(
     Ok(())
 }
 
-/// Kernel family of the chunked prefill.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ChunkPath {
-    /// Plain WGSL, f32 throughout (every adapter).
-    Simt,
-    /// Cooperative matrices (f16 operands, f32 accumulation) where the adapter has them.
-    Coop,
-}
-
-impl ChunkPath {
-    /// The paths this adapter can run at this shape, the default first. The coop path (where
-    /// the adapter has 16x16x16 f16 cooperative matrices and subgroups and K <= 128) is now
-    /// 2.5x slower than the tiled SIMT path on the H200 (40.6 vs 16.4 ms at T = 8192, 96 x 128,
-    /// docs/perf.md) and its f16 operands put it at ~3e-4 relative error, above the 1e-4
-    /// every KDA path is held to, so it runs only with `K31_KDA_COOP=1`. The coop scan's 36 KB
-    /// of workgroup memory must also fit the adapter.
-    pub fn available(gpu: &Gpu, geom: &KdaGeom) -> Vec<ChunkPath> {
-        let coop = gpu.caps.coopmat
-            && gpu.caps.subgroups
-            && geom.head_dim <= COOP_KMAX
-            && geom.head_dim.is_multiple_of(COOP_BV)
-            && gpu.pipelines.fits(gpu, &KDA_COOP_SCAN).unwrap_or(false);
-        let prefer_coop = std::env::var("K31_KDA_COOP").is_ok_and(|v| v == "1");
-        match (coop, prefer_coop) {
-            (true, true) => vec![ChunkPath::Coop, ChunkPath::Simt],
-            (true, false) => vec![ChunkPath::Simt, ChunkPath::Coop],
-            (false, _) => vec![ChunkPath::Simt],
-        }
-    }
-}
-
 /// Chunked WY/UT prefill over the prepared inputs: o [T, H, V], `state` advanced in place.
 /// `pre.g` ends up holding the within-chunk cumulative gate (summed here unless the prep
-/// wrote it so). Uses the adapter's default
-/// path ([`ChunkPath::available`]).
+/// wrote it so). The state pass is [`StateVariant::default_for`] the adapter.
 #[allow(clippy::too_many_arguments)]
 pub fn chunk_prefill(
     gpu: &Gpu,
@@ -883,29 +797,8 @@ pub fn chunk_prefill(
     o: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    let path = ChunkPath::available(gpu, geom)[0];
-    chunk_prefill_with(gpu, enc, path, geom, pre, scratch, state, o, profiler)
-}
-
-/// [`chunk_prefill`] through the given kernel family (the SIMT path's state pass by
-/// [`StateVariant::default_for`]).
-#[allow(clippy::too_many_arguments)]
-pub fn chunk_prefill_with(
-    gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
-    path: ChunkPath,
-    geom: &KdaGeom,
-    pre: &Prepped,
-    scratch: &ChunkScratch,
-    state: &wgpu::Buffer,
-    o: &wgpu::Buffer,
-    profiler: Option<&mut Profiler>,
-) -> Result<(), GpuError> {
-    if path == ChunkPath::Coop && !ChunkPath::available(gpu, geom).contains(&path) {
-        return Err(GpuError::Shape(format!("kda prefill: no cooperative-matrix path on this adapter for K = {}", geom.head_dim)));
-    }
     let sv = StateVariant::default_for(gpu, geom)?;
-    chunk_prefill_inner(gpu, enc, path, sv, geom, pre, scratch, state, o, true, profiler)
+    chunk_prefill_inner(gpu, enc, sv, geom, pre, scratch, state, o, profiler)
 }
 
 /// The SIMT prefill with a given state-pass kernel, whether or not the adapter reports room
@@ -925,37 +818,19 @@ pub fn chunk_prefill_state(
     if !sv.supports(geom) {
         return Err(GpuError::Shape(format!("kda prefill: state kernel {sv:?} needs K <= {STATE_KMAX}, got {}", geom.head_dim)));
     }
-    chunk_prefill_inner(gpu, enc, ChunkPath::Simt, sv, geom, pre, scratch, state, o, true, profiler)
-}
-
-/// The intra-chunk part of `path` only (cumsum + intra: w, qg, kg, u and A_qk into
-/// `scratch`), on any adapter: the coop path's f16-output intra kernel is plain WGSL, so it is
-/// tested where the coop scan cannot run. `pre.g` ends up holding the within-chunk cumsum.
-pub fn chunk_intra_only(
-    gpu: &Gpu,
-    enc: &mut wgpu::CommandEncoder,
-    path: ChunkPath,
-    geom: &KdaGeom,
-    pre: &Prepped,
-    scratch: &ChunkScratch,
-) -> Result<(), GpuError> {
-    let dummy_state = gpu.storage("kda unused", (geom.heads * geom.head_dim * geom.head_dim * 4) as u64);
-    let dummy_o = gpu.storage("kda unused", (pre.t_len * geom.proj() * 4) as u64);
-    chunk_prefill_inner(gpu, enc, path, StateVariant::Narrow, geom, pre, scratch, &dummy_state, &dummy_o, false, None)
+    chunk_prefill_inner(gpu, enc, sv, geom, pre, scratch, state, o, profiler)
 }
 
 #[allow(clippy::too_many_arguments)]
 fn chunk_prefill_inner(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
-    path: ChunkPath,
     sv: StateVariant,
     geom: &KdaGeom,
     pre: &Prepped,
     scratch: &ChunkScratch,
     state: &wgpu::Buffer,
     o: &wgpu::Buffer,
-    scan: bool,
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     geom.check()?;
@@ -963,9 +838,6 @@ fn chunk_prefill_inner(
     let k = geom.head_dim;
     if t == 0 || scratch.t_len < t {
         return Err(GpuError::Shape(format!("kda prefill: {t} tokens with scratch for {}", scratch.t_len)));
-    }
-    if scratch.path != path {
-        return Err(GpuError::Shape(format!("kda prefill: {path:?} path with scratch made for {:?}", scratch.path)));
     }
     need(state, geom.heads * k * k, "state [H, K, V]")?;
     need(o, t * geom.proj(), "o [T, H, V]")?;
@@ -977,46 +849,23 @@ fn chunk_prefill_inner(
         dispatch(gpu, enc, &KDA_CHUNK_CUMSUM, &uniform, &[(4, &pre.g)], (nchunks * geom.proj()).div_ceil(256), profiler.as_deref_mut())?;
         pre.gamma.store(true, Ordering::Relaxed);
     }
-    // The SIMT path's intra writes f32 w, qg, kg, A_qk at 6, 8, 9, 10; the coop path's packed
-    // f16 at 14-17; the other four bindings get stand-ins.
-    let [d0, d1, d2, d3] = &s.dummies;
-    let (f32s, f16s) = if path == ChunkPath::Simt {
-        ([&s.w, &s.qg, &s.kg, &s.aqk], [d0, d1, d2, d3])
-    } else {
-        ([d0, d1, d2, d3], [&s.w, &s.qg, &s.kg, &s.aqk])
-    };
-    let kernel = intra_kernel(path, geom);
     let intra = [
         (1, &pre.q),
         (2, &pre.k),
         (3, &pre.v),
         (4, &pre.g),
         (5, &pre.beta),
-        (6, f32s[0]),
+        (6, &s.w),
         (7, &s.u),
-        (8, f32s[1]),
-        (9, f32s[2]),
-        (10, f32s[3]),
-        (14, f16s[0]),
-        (15, f16s[1]),
-        (16, f16s[2]),
-        (17, f16s[3]),
+        (8, &s.qg),
+        (9, &s.kg),
+        (10, &s.aqk),
     ];
-    dispatch(gpu, enc, kernel, &uniform, &intra, nchunks * geom.heads, profiler.as_deref_mut())?;
-    if !scan {
-        return Ok(());
-    }
-    if path == ChunkPath::Coop {
-        let cp = KdaCoopParams { t_len: t as u32, heads: geom.heads as u32, dk: k as u32, nchunks: nchunks as u32 };
-        let cu = gpu.uniform("kda coop params", &cp);
-        let scan = [(1, &s.w), (2, &s.u), (3, &s.qg), (4, &s.kg), (5, &s.aqk), (6, &pre.g), (7, state), (8, o)];
-        return dispatch(gpu, enc, &KDA_COOP_SCAN, &cu, &scan, geom.heads * (k / COOP_BV), profiler);
-    }
-    let hs = s.hs.as_ref().ok_or_else(|| GpuError::Shape("kda prefill: scratch made for the coop path has no chunk states".into()))?;
-    let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, hs)];
+    dispatch(gpu, enc, intra_kernel(geom), &uniform, &intra, nchunks * geom.heads, profiler.as_deref_mut())?;
+    let scan = [(4, &pre.g), (6, &s.w), (7, &s.u), (9, &s.kg), (11, state), (13, &s.hs)];
     let (state_kernel, cols) = sv.kernel();
     dispatch(gpu, enc, state_kernel, &uniform, &scan, geom.heads * k.div_ceil(cols), profiler.as_deref_mut())?;
-    let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, hs)];
+    let out = [(7, &s.u), (8, &s.qg), (10, &s.aqk), (12, o), (13, &s.hs)];
     dispatch(gpu, enc, &KDA_CHUNK_OUT, &uniform, &out, nchunks * geom.heads * k.div_ceil(OUT_COLS), profiler)
 }
 
