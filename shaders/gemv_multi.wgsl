@@ -57,59 +57,18 @@ fn store3(i: u32, v: f32) {
 #include "lib/gemv_multi_rows.wgsl" MW=mw3 STORE=store3 entry_rows=entry_rows3
 #include "lib/activation.wgsl"
 
-// Rows [first, first + RPW) of the gated pair: each subgroup RS rows of the gate and the same
-// rows of the up projection per pass (2 * RS row streams, every load issued before the
-// arithmetic), then my2 = act of the two totals.
-fn glu_rows(first: u32, rows: u32, at: u32, lane: u32, sgs: u32, sg: u32, nsg: u32) {
-    let units = mp.cols / 8u;
-    for (var r0 = sg * RS; r0 < RPW; r0 += nsg * RS) {
-        let row0 = first + r0;
-        if (row0 >= rows) {
-            break;
-        }
-        var gacc: array<f32, MAX_RS>;
-        var uacc: array<f32, MAX_RS>;
-        var u = lane;
-        for (; u + sgs < units; u += 2u * sgs) {
-            let v = u + sgs;
-            let a0 = mx4[2u * u];
-            let b0 = mx4[2u * u + 1u];
-            let a1 = mx4[2u * v];
-            let b1 = mx4[2u * v + 1u];
-            var g0: array<vec4<u32>, MAX_RS>;
-            var g1: array<vec4<u32>, MAX_RS>;
-            var u0: array<vec4<u32>, MAX_RS>;
-            var u1: array<vec4<u32>, MAX_RS>;
-            for (var i = 0u; i < RS; i++) {
-                let rb = min(row0 + i, rows - 1u) * units;
-                g0[i] = mw2[rb + u];
-                g1[i] = mw2[rb + v];
-                u0[i] = mw3[rb + u];
-                u1[i] = mw3[rb + v];
-            }
-            for (var i = 0u; i < RS; i++) {
-                gacc[i] += unit_dot(g0[i], a0, b0) + unit_dot(g1[i], a1, b1);
-                uacc[i] += unit_dot(u0[i], a0, b0) + unit_dot(u1[i], a1, b1);
-            }
-        }
-        if (u < units) {
-            let a0 = mx4[2u * u];
-            let b0 = mx4[2u * u + 1u];
-            for (var i = 0u; i < RS; i++) {
-                let rb = min(row0 + i, rows - 1u) * units;
-                gacc[i] += unit_dot(mw2[rb + u], a0, b0);
-                uacc[i] += unit_dot(mw3[rb + u], a0, b0);
-            }
-        }
-        for (var i = 0u; i < RS; i++) {
-            let gt = subgroupAdd(gacc[i]);
-            let ut = subgroupAdd(uacc[i]);
-            if (lane == 0u && row0 + i < rows) {
-                my2[at + row0 + i] = glu_act(gt, ut, mp.glu - 1u, mp.beta, mp.linear_beta);
-            }
-        }
-    }
+// The gated pair: the gate rows' totals wait in workgroup memory for the up rows' (the same
+// invocation stores and reads a row's: both passes walk the rows in the same order), then my2
+// gets act(gate x, up x). Rows are the workgroup's RPW (<= 64), entry 2 starts at row 0.
+var<workgroup> gate_totals: array<f32, 64>;
+fn stash_gate(i: u32, v: f32) {
+    gate_totals[i % RPW] = v;
 }
+fn store_glu(i: u32, v: f32) {
+    my2[i] = glu_act(gate_totals[i % RPW], v, mp.glu - 1u, mp.beta, mp.linear_beta);
+}
+#include "lib/gemv_multi_rows.wgsl" MW=mw2 STORE=stash_gate entry_rows=gate_rows
+#include "lib/gemv_multi_rows.wgsl" MW=mw3 STORE=store_glu entry_rows=up_rows
 
 @compute @workgroup_size(WGM)
 fn gemv_bf16_sg_multi(
@@ -143,7 +102,8 @@ fn gemv_bf16_sg_multi(
         }
         case 2u: {
             if (mp.glu != 0u) {
-                glu_rows(first, rows, at, lane, sgs, sg, nsg);
+                gate_rows(first, rows, at, lane, sgs, sg, nsg);
+                up_rows(first, rows, at, lane, sgs, sg, nsg);
             } else {
                 entry_rows2(first, rows, at, lane, sgs, sg, nsg);
             }

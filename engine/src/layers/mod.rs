@@ -21,7 +21,7 @@ pub(crate) fn overlap_enabled() -> bool {
 }
 
 /// Whether a one-token MoE decode computes the shared experts' activation in its projection
-/// pass (gate and up rows paired per subgroup) instead of the router's dispatch;
+/// pass (the gate and up rows of a row block in one workgroup) instead of the router's dispatch;
 /// `K31_GLU_IN_PASS=0` turns it off (experiments).
 pub(crate) fn glu_in_pass() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

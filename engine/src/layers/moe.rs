@@ -122,7 +122,7 @@ impl MoeBlock {
         }
         let shared_act = self.shared.as_ref().map(|s| s.act_buffer(gpu, t));
         // One token: the projection pass writes the shared experts' activation itself (gate
-        // and up rows paired per subgroup), so the router's dispatch has no GLU to run.
+        // and up rows of a row block in one workgroup), so the router's dispatch has no GLU to run.
         let in_pass = match (&self.shared, &shared_act) {
             (Some(s), Some(a)) if t == 1 && super::glu_in_pass() => {
                 let (gate, up) = s.gate_up();

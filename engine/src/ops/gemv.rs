@@ -53,6 +53,8 @@ pub const GEMV_BF16_MULTI: Kernel = Kernel::new("gemv_bf16_multi", "gemv_multi",
     .unchecked();
 /// Rows and threads per workgroup of the multi and normed GEMVs.
 const MULTI_RPW: usize = 32;
+// gemv_multi.wgsl keeps a gated pair's gate totals for up to 64 rows of a workgroup.
+const _: () = assert!(MULTI_RPW <= 64);
 const MULTI_THREADS: u32 = 512;
 /// An RMS-normed input's GEMV (gemv_norm.wgsl): the norm and the product in one dispatch;
 /// workgroups as GEMV_BF16_MULTI's (each normalises x itself: 16 rows per 256 threads were
