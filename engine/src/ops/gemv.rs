@@ -271,8 +271,7 @@ pub fn gemv_many_glu(
     for (i, e) in (pairs.len()..2).enumerate() {
         bufs.extend([(2 + e as u32, &placeholders[2 * i]), (6 + e as u32, &placeholders[2 * i + 1])]);
     }
-    // Entries 0 and 1 unused keep start = MAX: their blocks are none, and entry 2 starts where
-    // the used ones end.
+    // Unused entries among 0 and 1 start where the used ones end: they own no blocks.
     if pairs.len() < 2 {
         p.start[pairs.len()..2].iter_mut().for_each(|s| *s = blocks);
     }

@@ -181,7 +181,6 @@ pub fn params() -> Vec<super::ParamsLayout> {
     ]
 }
 
-
 /// Chunk rows of the WY/UT prefill (spec 4.4).
 pub const CHUNK: usize = 64;
 /// Decode kernel variants: the kernel and its value columns per workgroup.
@@ -449,7 +448,7 @@ pub struct ChunkScratch {
 }
 
 impl ChunkScratch {
-    /// Scratch for the adapter's default path. Fails when one scratch buffer would exceed a
+    /// Scratch for up to `t_len` tokens. Fails when one scratch buffer would exceed a
     /// storage binding (split the prefill).
     pub fn new(gpu: &Gpu, geom: &KdaGeom, t_len: usize) -> Result<ChunkScratch, GpuError> {
         let chunks = t_len.div_ceil(CHUNK);
