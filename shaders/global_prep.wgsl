@@ -23,22 +23,11 @@ const WG: u32 = 256u;
 @group(0) @binding(0) var<uniform> p: PrepParams;
 @group(0) @binding(1) var<storage, read_write> cq: array<f32>;
 @group(0) @binding(2) var<storage, read> g_q: array<f32>;
-@group(0) @binding(3) var<storage, read> kv: array<f32>;
-@group(0) @binding(4) var<storage, read> g_kv: array<f32>;
-@group(0) @binding(5) var<storage, read_write> latent_page: array<u32>;
-@group(0) @binding(6) var<storage, read> ki: array<f32>;
-@group(0) @binding(7) var<storage, read> g_k: array<f32>;
-@group(0) @binding(8) var<storage, read> b_k: array<f32>;
-@group(0) @binding(9) var<storage, read_write> key_page: array<u32>;
 
 #include "lib/wg_sum.wgsl"
 #include "lib/bf16_bits.wgsl"
 
-// Element i of the latent row: normed below kv_n, raw (k_pe) above.
-fn latent_value(i: u32, r: f32) -> f32 {
-    let v = kv[i];
-    return select(v, v * r * g_kv[min(i, p.kv_n - 1u)], i < p.kv_n);
-}
+#include "lib/global_rows.wgsl"
 
 @compute @workgroup_size(256)
 fn global_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -57,35 +46,11 @@ fn global_prep(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_i
         return;
     }
     if (wg.x == 1u) {
-        var ss = 0.0;
-        for (var i = lid; i < p.kv_n; i += WG) {
-            ss += kv[i] * kv[i];
-        }
-        let r = inverseSqrt(wg_sum(lid, ss) / f32(p.kv_n) + p.eps);
-        let words = p.kv_width / 2u;
-        for (var w = lid; w < words; w += WG) {
-            latent_page[p.kv_row * words + w] = bf16_bits(latent_value(2u * w, r)) | (bf16_bits(latent_value(2u * w + 1u, r)) << 16u);
-        }
+        latent_row(lid);
         return;
     }
     if (p.k_n == 0u) {
         return;
     }
-    var s = 0.0;
-    for (var i = lid; i < p.k_n; i += WG) {
-        s += ki[i];
-    }
-    let mean = wg_sum(lid, s) / f32(p.k_n);
-    var ss = 0.0;
-    for (var i = lid; i < p.k_n; i += WG) {
-        let d = ki[i] - mean;
-        ss += d * d;
-    }
-    let r = inverseSqrt(wg_sum(lid, ss) / f32(p.k_n) + p.k_eps);
-    let words = p.k_n / 2u;
-    for (var w = lid; w < words; w += WG) {
-        let a = (ki[2u * w] - mean) * r * g_k[2u * w] + b_k[2u * w];
-        let b = (ki[2u * w + 1u] - mean) * r * g_k[2u * w + 1u] + b_k[2u * w + 1u];
-        key_page[p.k_row * words + w] = bf16_bits(a) | (bf16_bits(b) << 16u);
-    }
+    key_row(lid);
 }

@@ -935,6 +935,81 @@ fn attention_at_awkward_shapes_matches_reference() {
     eprintln!("worst o rel L2 error {worst:.2e}");
 }
 
+/// The cache rows and the query projections in one dispatch (`global_q_proj`): q = q_b
+/// RMSNorm(c_q) and qI = wq_b RMSNorm(c_q) against the f64 reference (c_q itself left as the
+/// first projections wrote it), the latent and index-key rows as `global_prep_matches_reference`
+/// checks them; c_q 200 wide (a column tail shorter than a lane step), odd row counts, with and
+/// without the indexer.
+#[test]
+fn global_q_proj_matches_reference() {
+    let Some(gpu) = gpu() else { return };
+    let (q_n, latent_n, rope, id, pos, eps, k_eps) = (200, 32, 8, 24, 5, 1e-6f32, 1e-5f32);
+    let (rows_q, rows_i) = (37, 19);
+    let width = latent_n + rope;
+    let f64s = |v: &[f32]| v.iter().map(|&x| x as f64).collect::<Vec<f64>>();
+    let cq: Vec<f32> = random_vec(11, q_n).iter().map(|x| x * 3.0).collect();
+    let g_q: Vec<f32> = random_vec(12, q_n).iter().map(|x| x + 1.5).collect();
+    let kv: Vec<f32> = random_vec(13, width).iter().map(|x| x * 0.2).collect();
+    let g_kv: Vec<f32> = random_vec(14, latent_n).iter().map(|x| x + 1.5).collect();
+    let ki: Vec<f32> = random_vec(15, id).iter().map(|x| x * 7.0 + 2.0).collect();
+    let (g_k, b_k) = (random_vec(16, id), random_vec(17, id));
+    let wq = bf16_round(&random_vec(18, rows_q * q_n).iter().map(|x| x * 0.3).collect::<Vec<_>>());
+    let wi = bf16_round(&random_vec(19, rows_i * q_n).iter().map(|x| x * 0.3).collect::<Vec<_>>());
+    let (q_b, wq_b) = (upload_bf16(&gpu, "q_b", &[rows_q, q_n], &wq), upload_bf16(&gpu, "wq_b", &[rows_i, q_n], &wi));
+    let normed: Vec<f32> = refdsa::rms(&f64s(&cq), &g_q, eps as f64).iter().map(|&v| v as f32).collect();
+    let matvec = |w: &[f32], rows: usize| -> Vec<f32> {
+        (0..rows).map(|r| w[r * q_n..(r + 1) * q_n].iter().zip(&normed).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32).collect()
+    };
+    let check_row = |what: &str, got: &[u8], want: &[f64]| {
+        for (i, (b, &w)) in got.chunks_exact(2).zip(want).enumerate() {
+            let g = half::bf16::from_le_bytes([b[0], b[1]]).to_f64();
+            assert!((g - w).abs() <= w.abs() * 2f64.powi(-8) + 1e-30, "{what}[{i}]: {g} vs {w}");
+        }
+    };
+    for with_index in [true, false] {
+        let (cq_b, gq_b, kv_b, gkv_b) = (gpu.storage_from("cq", &cq), gpu.storage_from("gq", &g_q), gpu.storage_from("kv", &kv), gpu.storage_from("gkv", &g_kv));
+        let (ki_b, gk_b, bk_b) = (gpu.storage_from("ki", &ki), gpu.storage_from("gk", &g_k), gpu.storage_from("bk", &b_k));
+        let (q, qi) = (gpu.storage("q", (rows_q * 4) as u64), gpu.storage("qi", (rows_i * 4) as u64));
+        let mut latent = PagedRows::new(&gpu, "latent", width, 4, 16).expect("latent");
+        let mut keys = PagedRows::new(&gpu, "keys", id, 4, 16).expect("keys");
+        latent.ensure(&gpu, pos + 1).expect("ensure");
+        keys.ensure(&gpu, pos + 1).expect("ensure");
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let key = with_index.then_some(dsa::KeyPrep { ki: &ki_b, gamma: &gk_b, beta: &bk_b, eps: k_eps, keys: &keys });
+        let query = dsa::QueryProj { cq: &cq_b, norm: &gq_b, q_b: &q_b, q: &q, index: with_index.then_some((&wq_b, &qi)) };
+        let ran = dsa::global_q_proj(&gpu, &mut enc, &query, &kv_b, &gkv_b, latent_n, &latent, key, eps, pos, None).expect("global_q_proj");
+        assert!(ran || !gpu.caps.subgroups, "global_q_proj should run on an adapter with subgroups");
+        if !ran {
+            return;
+        }
+        gpu.queue.submit([enc.finish()]);
+        let got_q: Vec<f32> = gpu.read(&q, rows_q).expect("read");
+        assert!(support::golden::rel_err(&got_q, &matvec(&wq, rows_q)) < 1e-5, "q (index {with_index})");
+        assert_eq!(gpu.read::<f32>(&cq_b, q_n).expect("read"), cq, "c_q is left as written");
+        let mut want_latent = refdsa::rms(&f64s(&kv[..latent_n]), &g_kv, eps as f64);
+        want_latent.extend(f64s(&kv[latent_n..]));
+        let rows = latent.download_bf16(&gpu, pos + 1).expect("download");
+        check_row("latent", &rows[pos * width * 2..], &want_latent);
+        if with_index {
+            let got_i: Vec<f32> = gpu.read(&qi, rows_i).expect("read");
+            assert!(support::golden::rel_err(&got_i, &matvec(&wi, rows_i)) < 1e-5, "qI");
+            let rows = keys.download_bf16(&gpu, pos + 1).expect("download");
+            check_row("index key", &rows[pos * id * 2..], &refdsa::layer_norm(&f64s(&ki), &g_k, &b_k, k_eps as f64));
+        }
+    }
+    // A c_q wider than the kernel stages, or an index matrix without key rows, is declined.
+    let wide = upload_bf16(&gpu, "q_b wide", &[3, 2056], &vec![0.0; 3 * 2056]);
+    let (cq_b, kv_b, gkv_b, q) = (gpu.storage("cq", 2056 * 4), gpu.storage_from("kv", &kv), gpu.storage_from("gkv", &g_kv), gpu.storage("q", 64));
+    let mut latent = PagedRows::new(&gpu, "latent", width, 4, 16).expect("latent");
+    latent.ensure(&gpu, pos + 1).expect("ensure");
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    let query = dsa::QueryProj { cq: &cq_b, norm: &cq_b, q_b: &wide, q: &q, index: None };
+    assert!(!dsa::global_q_proj(&gpu, &mut enc, &query, &kv_b, &gkv_b, latent_n, &latent, None, eps, pos, None).expect("declines"));
+    let qi = gpu.storage("qi", (rows_i * 4) as u64);
+    let query = dsa::QueryProj { cq: &cq_b, norm: &cq_b, q_b: &q_b, q: &q, index: Some((&wq_b, &qi)) };
+    assert!(!dsa::global_q_proj(&gpu, &mut enc, &query, &kv_b, &gkv_b, latent_n, &latent, None, eps, pos, None).expect("declines"));
+}
+
 /// The decode row ops in one dispatch (`global_prep`) against the f64 references: c_q's RMSNorm
 /// in place, the latent row (RMSNorm of its first part, the rope part raw) and the index key's
 /// LayerNorm, both written as bf16 at a position past the caches' first page; with and without

@@ -330,14 +330,25 @@ impl GlobalAttn {
             from_x.push((&ix.weights_proj, &wi));
         }
         linear_many(gpu, &mut enc, &from_x, t_n, x, prof.as_deref_mut())?;
-        // Decode: c_q's norm and both cache rows in one dispatch.
-        let prepped = t_n == 1 && {
-            let key = match (&self.indexer, &cache.keys) {
-                (Some(ix), Some(keys)) => Some(dsa::KeyPrep { ki: &ki, gamma: &ix.k_norm_w, beta: &ix.k_norm_b, eps: ix.eps, keys }),
-                _ => None,
+        let key_prep = || match (&self.indexer, &cache.keys) {
+            (Some(ix), Some(keys)) => Some(dsa::KeyPrep { ki: &ki, gamma: &ix.k_norm_w, beta: &ix.k_norm_b, eps: ix.eps, keys }),
+            _ => None,
+        };
+        // Decode: both cache rows and the query projections of RMSNorm(c_q) in one dispatch
+        // where it runs, else c_q's norm and both cache rows in one, the projections after.
+        let fused = t_n == 1
+            && super::q_with_prep()
+            && match &self.q_a {
+                Some((_, norm)) => {
+                    let index = self.indexer.as_ref().map(|ix| (&ix.wq_b, &qi));
+                    let query = dsa::QueryProj { cq: &cq, norm, q_b: &self.q_b, q: &q, index };
+                    dsa::global_q_proj(gpu, &mut enc, &query, &kv, &self.kv_a_norm, dm.latent, &cache.latent, key_prep(), self.eps, pos0, prof.as_deref_mut())?
+                }
+                None => false,
             };
+        let prepped = fused || t_n == 1 && {
             let cq_norm = self.q_a.as_ref().map(|(_, norm)| (&cq, r, norm));
-            dsa::global_prep(gpu, &mut enc, cq_norm, &kv, &self.kv_a_norm, dm.latent, &cache.latent, key, self.eps, pos0, prof.as_deref_mut())?
+            dsa::global_prep(gpu, &mut enc, cq_norm, &kv, &self.kv_a_norm, dm.latent, &cache.latent, key_prep(), self.eps, pos0, prof.as_deref_mut())?
         };
         let q_src = match &self.q_a {
             Some((_, norm)) => {
@@ -348,11 +359,13 @@ impl GlobalAttn {
             }
             None => x,
         };
-        let mut from_q: Vec<(&GpuTensor, &wgpu::Buffer)> = vec![(&self.q_b, &q)];
-        if let Some(ix) = &self.indexer {
-            from_q.push((&ix.wq_b, &qi));
+        if !fused {
+            let mut from_q: Vec<(&GpuTensor, &wgpu::Buffer)> = vec![(&self.q_b, &q)];
+            if let Some(ix) = &self.indexer {
+                from_q.push((&ix.wq_b, &qi));
+            }
+            linear_many(gpu, &mut enc, &from_q, t_n, q_src, prof.as_deref_mut())?;
         }
-        linear_many(gpu, &mut enc, &from_q, t_n, q_src, prof.as_deref_mut())?;
         // Cache rows: normalised latent | raw k_pe, and the LayerNorm'd index key.
         if !prepped {
             dsa::row_norm(gpu, &mut enc, &kv, t_n, dm.width(), 0, dm.latent, self.eps, &self.kv_a_norm, None, prof.as_deref_mut())?;

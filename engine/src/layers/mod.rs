@@ -28,6 +28,14 @@ pub(crate) fn glu_in_pass() -> bool {
     *ON.get_or_init(|| std::env::var("K31_GLU_IN_PASS").map_or(true, |v| v != "0"))
 }
 
+/// Whether a one-token global layer runs its query projections in the dispatch that writes the
+/// cache rows (`dsa::global_q_proj`: c_q normalised by each GEMV workgroup) instead of after a
+/// separate `global_prep`; `K31_Q_WITH_PREP=0` turns it off (experiments).
+pub(crate) fn q_with_prep() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("K31_Q_WITH_PREP").map_or(true, |v| v != "0"))
+}
+
 /// A float tensor's values as f32, or an error naming it.
 pub(crate) fn floats(v: &TensorView<'_>, name: &str) -> Result<Vec<f32>, GpuError> {
     v.floats().ok_or_else(|| GpuError::Shape(format!("{name}: dtype {} is not a float type", v.dtype.name())))

@@ -39,6 +39,14 @@ shader_params!(
     /// Mirrors `PrepParams` in shaders/global_prep.wgsl.
     PrepParams in "global_prep" { q_n: u32, kv_width: u32, kv_n: u32, kv_row: u32, k_n: u32, k_row: u32, eps: f32, k_eps: f32 }
 );
+
+shader_params!(
+    /// Mirrors `GlobalQParams` in shaders/global_q.wgsl.
+    GlobalQParams in "global_q" {
+        q_n: u32, kv_width: u32, kv_n: u32, kv_row: u32, k_n: u32, k_row: u32, eps: f32, k_eps: f32,
+        rows_a: u32, rows_b: u32, blocks_a: u32, _pad: u32,
+    }
+);
 shader_params!(
     /// Mirrors `CacheWriteParams` in shaders/dsa_misc.wgsl.
     CacheWriteParams in "dsa_misc" {
@@ -154,6 +162,15 @@ pub const RMS_NORM: Kernel = Kernel::new("dsa_rms_norm", "dsa_misc", "rms_norm")
 pub const LAYER_NORM: Kernel = Kernel::new("dsa_layer_norm", "dsa_misc", "layer_norm");
 pub const CACHE_WRITE: Kernel = Kernel::new("dsa_cache_write", "dsa_misc", "cache_write");
 pub const GLOBAL_PREP: Kernel = Kernel::new("global_prep", "global_prep", "global_prep");
+/// [`global_prep`]'s cache rows and the query projections in one dispatch (global_q.wgsl):
+/// 32 rows per workgroup of 512, as the multi-matrix GEMV.
+pub const GLOBAL_Q_PROJ: Kernel = Kernel::new("global_q_proj", "global_q", "global_q_proj")
+    .with_constants(&[("RS", 2.0), ("RPW", GLOBAL_Q_RPW as f64)])
+    .subgroups()
+    .unchecked();
+const GLOBAL_Q_RPW: usize = 32;
+/// Widest c_q [`global_q_proj`] normalises in workgroup memory (4 * MAX_XQ in the shader).
+const GLOBAL_Q_MAX_COLS: usize = 2048;
 
 pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_K31,
@@ -191,6 +208,7 @@ pub const KERNELS: &[Kernel] = &[
     LAYER_NORM,
     CACHE_WRITE,
     GLOBAL_PREP,
+    GLOBAL_Q_PROJ,
 ];
 
 pub fn params() -> Vec<super::ParamsLayout> {
@@ -202,6 +220,7 @@ pub fn params() -> Vec<super::ParamsLayout> {
         layout_of::<NormParams>(),
         layout_of::<CacheWriteParams>(),
         layout_of::<PrepParams>(),
+        layout_of::<GlobalQParams>(),
     ]
 }
 
@@ -1328,13 +1347,8 @@ pub fn global_prep(
     if gpu.caps.max_storage_buffers < 9 {
         return Ok(false);
     }
-    let width = latent.width;
-    if latent_n == 0 || latent_n > width || pos >= latent.capacity() {
-        return Err(shape_err(format!("global_prep: latent {latent_n} of rows of {width}, position {pos} of {}", latent.capacity())));
-    }
-    need(kv, width * 4, "global_prep kv")?;
-    need(kv_gamma, latent_n * 4, "global_prep kv norm")?;
     let placeholders: Vec<wgpu::Buffer> = (0..6).map(|_| gpu.scratch("global_prep placeholder", 16)).collect();
+    let rows = cache_rows("global_prep", kv, kv_gamma, latent_n, latent, key.as_ref(), pos, &placeholders[2..])?;
     let (cq_buf, q_n, g_q) = match cq {
         Some((b, n, g)) => {
             need(b, n * 4, "global_prep c_q")?;
@@ -1343,24 +1357,145 @@ pub fn global_prep(
         }
         None => (&placeholders[0], 0, &placeholders[1]),
     };
+    let [kv_width, kv_n, kv_row, k_n, k_row] = rows.fields;
+    let params = PrepParams { q_n: q_n as u32, kv_width, kv_n, kv_row, k_n, k_row, eps, k_eps: rows.k_eps };
+    let mut entries: Vec<(u32, &wgpu::Buffer)> = vec![(1, cq_buf), (2, g_q)];
+    entries.extend(rows.entries);
+    gpu.dispatch_grid(enc, &GLOBAL_PREP, &params, &entries, [3, 1, 1], profiler)?;
+    Ok(true)
+}
+
+/// The cache rows' share of [`global_prep`] and [`global_q_proj`], checked: bindings 3-9
+/// (`fill` for the key's four where there is none) and the params kv_width, kv_n, kv_row, k_n,
+/// k_row (k_n = 0 without a key) and k_eps.
+struct CacheRows<'a> {
+    entries: Vec<(u32, &'a wgpu::Buffer)>,
+    fields: [u32; 5],
+    k_eps: f32,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn cache_rows<'a>(
+    what: &str,
+    kv: &'a wgpu::Buffer,
+    kv_gamma: &'a wgpu::Buffer,
+    latent_n: usize,
+    latent: &'a PagedRows,
+    key: Option<&KeyPrep<'a>>,
+    pos: usize,
+    fill: &'a [wgpu::Buffer],
+) -> Result<CacheRows<'a>, GpuError> {
+    let width = latent.width;
+    if latent_n == 0 || latent_n > width || pos >= latent.capacity() {
+        return Err(shape_err(format!("{what}: latent {latent_n} of rows of {width}, position {pos} of {}", latent.capacity())));
+    }
+    need(kv, width * 4, &format!("{what} kv"))?;
+    need(kv_gamma, latent_n * 4, &format!("{what} kv norm"))?;
     let (kv_page, kv_row) = latent.locate(pos);
-    let mut params = PrepParams { q_n: q_n as u32, kv_width: width as u32, kv_n: latent_n as u32, kv_row: kv_row as u32, eps, ..Default::default() };
-    let mut entries: Vec<(u32, &wgpu::Buffer)> = vec![(1, cq_buf), (2, g_q), (3, kv), (4, kv_gamma), (5, &latent.pages[kv_page])];
-    match &key {
+    let mut entries: Vec<(u32, &wgpu::Buffer)> = vec![(3, kv), (4, kv_gamma), (5, &latent.pages[kv_page])];
+    let (mut k_n, mut k_row, mut k_eps) = (0, 0, 0.0);
+    match key {
         Some(k) => {
             let id = k.keys.width;
             if pos >= k.keys.capacity() {
-                return Err(shape_err(format!("global_prep: position {pos} past the {} of {}", k.keys.capacity(), k.keys.label)));
+                return Err(shape_err(format!("{what}: position {pos} past the {} of {}", k.keys.capacity(), k.keys.label)));
             }
-            need(k.ki, id * 4, "global_prep ki")?;
-            need(k.gamma, id * 4, "global_prep key norm")?;
-            need(k.beta, id * 4, "global_prep key norm bias")?;
+            need(k.ki, id * 4, &format!("{what} ki"))?;
+            need(k.gamma, id * 4, &format!("{what} key norm"))?;
+            need(k.beta, id * 4, &format!("{what} key norm bias"))?;
             let (page, row) = k.keys.locate(pos);
-            (params.k_n, params.k_row, params.k_eps) = (id as u32, row as u32, k.eps);
+            (k_n, k_row, k_eps) = (id as u32, row as u32, k.eps);
             entries.extend([(6, k.ki), (7, k.gamma), (8, k.beta), (9, &k.keys.pages[page])]);
         }
-        None => entries.extend([(6, &placeholders[2]), (7, &placeholders[3]), (8, &placeholders[4]), (9, &placeholders[5])]),
+        None => entries.extend([(6, &fill[0]), (7, &fill[1]), (8, &fill[2]), (9, &fill[3])]),
     }
-    gpu.dispatch_grid(enc, &GLOBAL_PREP, &params, &entries, [3, 1, 1], profiler)?;
+    Ok(CacheRows { entries, fields: [width as u32, latent_n as u32, kv_row as u32, k_n, k_row], k_eps })
+}
+
+/// The query side of [`global_q_proj`]: c_q [r] f32 as the first projection pass wrote it (not
+/// normalised), its RMSNorm weight [r] f32, and q = q_b RMSNorm(c_q) (plus, with an indexer,
+/// qI = wq_b RMSNorm(c_q)), q_b and wq_b bf16 [rows, r].
+pub struct QueryProj<'a> {
+    pub cq: &'a wgpu::Buffer,
+    pub norm: &'a wgpu::Buffer,
+    pub q_b: &'a GpuTensor,
+    pub q: &'a wgpu::Buffer,
+    pub index: Option<(&'a GpuTensor, &'a wgpu::Buffer)>,
+}
+
+/// The one-binding bf16 matrix [rows, r] [`global_q_proj`] can read, if `w` is one.
+fn q_matrix(w: &GpuTensor, r: usize) -> Option<&wgpu::Buffer> {
+    match w.chunks.as_slice() {
+        [c] if w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] == r && w.rows() > 0 => Some(&c.buffer),
+        _ => None,
+    }
+}
+
+/// One decode token's [`global_prep`] (the latent row, the index-key row) and the query
+/// projections from RMSNorm(c_q) in one dispatch: each GEMV workgroup normalises c_q itself,
+/// so the projections need not wait for a separate norm. Returns false (nothing recorded)
+/// where it cannot run here (subgroups, workgroups of 512, 14 storage bindings, r a multiple
+/// of 8 up to 2048, one-binding bf16 matrices): the caller then runs [`global_prep`] and the
+/// projections as before.
+#[allow(clippy::too_many_arguments)]
+pub fn global_q_proj(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    query: &QueryProj<'_>,
+    kv: &wgpu::Buffer,
+    kv_gamma: &wgpu::Buffer,
+    latent_n: usize,
+    latent: &PagedRows,
+    key: Option<KeyPrep<'_>>,
+    eps: f32,
+    pos: usize,
+    profiler: Option<&mut Profiler>,
+) -> Result<bool, GpuError> {
+    let r = query.q_b.shape.get(1).copied().unwrap_or(0);
+    let (Some(w_a), index_w) = (q_matrix(query.q_b, r), query.index.map(|(w, y)| (q_matrix(w, r), y))) else { return Ok(false) };
+    let fits = gpu.caps.subgroups
+        && gpu.caps.max_invocations >= 512
+        && gpu.caps.max_storage_buffers >= 13
+        && r.is_multiple_of(8)
+        && r > 0
+        && r <= GLOBAL_Q_MAX_COLS
+        && index_w.as_ref().is_none_or(|(w, _)| w.is_some())
+        && key.is_some() == query.index.is_some();
+    if !fits {
+        return Ok(false);
+    }
+    need(query.cq, r * 4, "global_q_proj c_q")?;
+    need(query.norm, r * 4, "global_q_proj c_q norm")?;
+    need(query.q, query.q_b.rows() * 4, "global_q_proj q")?;
+    let placeholders: Vec<wgpu::Buffer> = (0..6).map(|_| gpu.scratch("global_q_proj placeholder", 16)).collect();
+    let rows = cache_rows("global_q_proj", kv, kv_gamma, latent_n, latent, key.as_ref(), pos, &placeholders[..4])?;
+    let (rows_a, rows_b) = (query.q_b.rows(), query.index.map_or(0, |(w, _)| w.rows()));
+    let blocks_a = rows_a.div_ceil(GLOBAL_Q_RPW);
+    let [kv_width, kv_n, kv_row, k_n, k_row] = rows.fields;
+    let params = GlobalQParams {
+        q_n: r as u32,
+        kv_width,
+        kv_n,
+        kv_row,
+        k_n,
+        k_row,
+        eps,
+        k_eps: rows.k_eps,
+        rows_a: rows_a as u32,
+        rows_b: rows_b as u32,
+        blocks_a: blocks_a as u32,
+        _pad: 0,
+    };
+    let mut entries: Vec<(u32, &wgpu::Buffer)> = vec![(1, query.cq), (2, query.norm), (10, w_a), (12, query.q)];
+    entries.extend(rows.entries);
+    match index_w {
+        Some((Some(w_b), y_b)) => {
+            need(y_b, rows_b * 4, "global_q_proj qI")?;
+            entries.extend([(11, w_b), (13, y_b)]);
+        }
+        _ => entries.extend([(11, &placeholders[4]), (13, &placeholders[5])]),
+    }
+    let blocks = 2 + blocks_a + rows_b.div_ceil(GLOBAL_Q_RPW);
+    gpu.dispatch(enc, &GLOBAL_Q_PROJ, &params, &entries, (blocks as u32, 1), profiler)?;
     Ok(true)
 }
