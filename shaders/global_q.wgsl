@@ -45,6 +45,7 @@ const MAX_RS: u32 = 4u;
 // c_q as normed vec4 (q_n <= 4 * MAX_XQ).
 const MAX_XQ: u32 = 512u;
 var<workgroup> xs: array<vec4<f32>, MAX_XQ>;
+var<workgroup> sg_sums: array<f32, WG>;
 
 // The rows' include reads the width as `qc.cols`.
 struct QCols {
@@ -95,7 +96,17 @@ fn global_q_proj(
     for (var j = 0u; j < MAX_XQ / WG; j++) {
         ss += select(0.0, dot(xv[j], xv[j]), lid + WG * j < nv);
     }
-    let r = inverseSqrt(wg_sum(lid, ss) / f32(p.q_n) + p.eps);
+    // One subgroup sum and one barrier (wg_sum's tree takes nine).
+    ss = subgroupAdd(ss);
+    if (lane == 0u) {
+        sg_sums[sg] = ss;
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var s = 0u; s < nsg; s++) {
+        total += sg_sums[s];
+    }
+    let r = inverseSqrt(total / f32(p.q_n) + p.eps);
     for (var j = 0u; j < MAX_XQ / WG; j++) {
         if (lid + WG * j < nv) {
             xs[lid + WG * j] = xv[j] * r * gv[j];
