@@ -5,8 +5,12 @@
 // start = 0xffffffff and bind placeholders. With glu != 0 entries 2 and 3 are one gated
 // pair: entry 2's blocks cover the rows of both matrices (mw2 the gate, mw3 the up
 // projection, the same shape), and my2 gets act(gate x, up x) (the shared experts' activation
-// without the dependent dispatch it needed as a separate op). Preconditions (host-checked):
-// cols % 8 == 0.
+// without the dependent dispatch it needed as a separate op). The route entry point (the MoE
+// decode's projection pass) also selects the token's experts: entry 0 holds the router
+// logits, and the last of its workgroups to finish (a done counter, left zero) runs
+// lib/router_pick.wgsl on them while the other entries' workgroups still stream their rows,
+// so the selection costs no dependent dispatch. Preconditions (host-checked): cols % 8 == 0;
+// for the route entry entry 0 starts at block 0 and the router's bounds hold.
 
 override RS: u32 = 2u;
 override RPW: u32 = 16u;
@@ -24,6 +28,15 @@ struct MultiParams {
     start: vec4<u32>,
     rows: vec4<u32>,
     row_offset: vec4<u32>,
+    // The route entry's selection (lib/router_pick.wgsl's RouterPick; experts = rows.x).
+    top_k: u32,
+    n_group: u32,
+    topk_group: u32,
+    renormalize: u32,
+    scaling: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> mp: MultiParams;
@@ -70,16 +83,7 @@ fn store_glu(i: u32, v: f32) {
 #include "lib/gemv_multi_rows.wgsl" MW=mw2 STORE=stash_gate entry_rows=gate_rows
 #include "lib/gemv_multi_rows.wgsl" MW=mw3 STORE=store_glu entry_rows=up_rows
 
-@compute @workgroup_size(WGM)
-fn gemv_bf16_sg_multi(
-    @builtin(workgroup_id) wg: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-    @builtin(subgroup_invocation_id) lane: u32,
-    @builtin(subgroup_size) sgs: u32,
-    @builtin(subgroup_id) sg: u32,
-    @builtin(num_subgroups) nsg: u32,
-) {
-    let block = wg.x + wg.y * nwg.x;
+fn multi_rows(block: u32, lane: u32, sgs: u32, sg: u32, nsg: u32) {
     var e = 0u;
     if (block >= mp.start.y) {
         e = 1u;
@@ -112,4 +116,68 @@ fn gemv_bf16_sg_multi(
             entry_rows3(first, rows, at, lane, sgs, sg, nsg);
         }
     }
+}
+
+@compute @workgroup_size(WGM)
+fn gemv_bf16_sg_multi(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+) {
+    multi_rows(wg.x + wg.y * nwg.x, lane, sgs, sg, nsg);
+}
+
+@group(0) @binding(10) var<storage, read> route_bias: array<f32>;
+@group(0) @binding(11) var<storage, read_write> route_idx: array<u32>;
+@group(0) @binding(12) var<storage, read_write> route_wts: array<f32>;
+@group(0) @binding(13) var<storage, read_write> route_done: array<atomic<u32>>;
+
+const RP_WG: u32 = 256u;
+// The logits as entry 0 stored them (other workgroups' stores: read after the done counter).
+fn router_logit(i: u32) -> f32 {
+    return my0[i];
+}
+fn router_bias(i: u32) -> f32 {
+    return route_bias[i];
+}
+fn router_emit(k: u32, e: u32, w: f32) {
+    route_idx[k] = e;
+    route_wts[k] = w;
+}
+#include "lib/router_pick.wgsl"
+
+var<workgroup> route_last: u32;
+
+@compute @workgroup_size(WGM)
+fn gemv_bf16_sg_multi_route(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(subgroup_invocation_id) lane: u32,
+    @builtin(subgroup_size) sgs: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) nsg: u32,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let block = wg.x + wg.y * nwg.x;
+    multi_rows(block, lane, sgs, sg, nsg);
+    if (block >= mp.start.y) {
+        return;
+    }
+    // Storage barriers are device-scope acquire/release: the last workgroup to count itself
+    // in sees every other router workgroup's logits.
+    storageBarrier();
+    if (lid == 0u) {
+        route_last = select(0u, 1u, atomicAdd(&route_done[0], 1u) + 1u == mp.start.y);
+    }
+    if (workgroupUniformLoad(&route_last) == 0u) {
+        return;
+    }
+    storageBarrier();
+    if (lid == 0u) {
+        atomicStore(&route_done[0], 0u);
+    }
+    router_pick(lid, RouterPick(mp.rows.x, mp.top_k, mp.n_group, mp.topk_group, mp.renormalize, mp.scaling));
 }

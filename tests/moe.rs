@@ -497,7 +497,7 @@ fn gemv_many_glu_matches_reference() {
             let pair = gemv::GluPair { gate: &gate, up: &up, act, out: &out };
             let pairs: Vec<_> = plain.iter().zip(&ys).take(n_plain).map(|((w, _), y)| (w, y)).collect();
             assert!(gemv::glu_fits(&gpu, &pairs, &pair));
-            run(&gpu, |enc| gemv::gemv_many_glu(&gpu, enc, &pairs, &pair, &xb, None).unwrap());
+            run(&gpu, |enc| gemv::gemv_many_glu(&gpu, enc, &pairs, &pair, None, &xb, None).unwrap());
             let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| reference::moe::glu(act, a, b) as f32).collect();
             let e = rel_l2(&gpu.read::<f32>(&out, glu_rows).unwrap(), &want);
             assert!(e < 1e-5, "{act:?} beside {n_plain} matrices: gated output rel L2 {e}");
@@ -512,10 +512,71 @@ fn gemv_many_glu_matches_reference() {
     let pair = gemv::GluPair { gate: &gate, up: &up, act: SITU, out: &out };
     let three: Vec<_> = plain.iter().zip(&ys).map(|((w, _), y)| (w, y)).collect();
     assert!(!gemv::glu_fits(&gpu, &three, &pair));
-    run(&gpu, |enc| assert!(gemv::gemv_many_glu(&gpu, enc, &three, &pair, &xb, None).is_err()));
+    run(&gpu, |enc| assert!(gemv::gemv_many_glu(&gpu, enc, &three, &pair, None, &xb, None).is_err()));
     let (short_up, _) = matrix(42, glu_rows - 1);
     let bad = gemv::GluPair { gate: &gate, up: &short_up, act: SITU, out: &out };
     assert!(!gemv::glu_fits(&gpu, &[], &bad));
+}
+
+/// The MoE decode's projection pass selecting the token's experts itself (`gemv_many_glu` with a
+/// route: the last of the router's workgroups selects from the logits the others wrote) picks
+/// what the router does from the same logits, in rank order with the same weights: expert
+/// counts that are not a multiple of a workgroup's 32 rows, a group limit, top-k up to 64, the
+/// latent matrix and the gated pair beside it, and the done counter reused call after call.
+#[test]
+fn gemv_many_glu_routes_like_the_router() {
+    let Some(gpu) = support::gpu() else { return };
+    if !gpu.caps.subgroups {
+        return;
+    }
+    let cols = 264;
+    let matrix = |seed: u64, rows: usize| {
+        let w = bf16_round(&support::random_vec(seed, rows * cols).iter().map(|v| v * 0.3).collect::<Vec<_>>());
+        (bf16_tensor(&gpu, "w", rows, cols, &w), w)
+    };
+    let (gate, _) = matrix(40, 29);
+    let (up, _) = matrix(41, 29);
+    let (latent, _) = matrix(42, 45);
+    let (act, z) = (gpu.storage("act", 29 * 4), gpu.storage("z", 45 * 4));
+    let pair = gemv::GluPair { gate: &gate, up: &up, act: SITU, out: &act };
+    let done = gpu.storage("done", 16);
+    for (call, (e, k, groups, tg, scaling)) in [(37, 5, 1, 1, 1.0), (96, 8, 4, 2, 2.5), (896, 16, 1, 1, 1.0), (1000, 64, 8, 4, 1.0), (33, 1, 1, 1, 1.0)].into_iter().enumerate() {
+        let cfg = router_cfg(groups, tg, scaling);
+        let (router_w, rw) = matrix(100 + e as u64, e);
+        let bias: Vec<f32> = support::random_vec(e as u64, e).iter().map(|v| v * 0.05).collect();
+        let bb = gpu.storage_from("bias", &bias);
+        let logits = gpu.storage("logits", (e * 4) as u64);
+        for n_plain in [1, 2] {
+            let x = support::random_vec((10 * call + n_plain) as u64, cols);
+            let xb = gpu.storage_from("x", &x);
+            let idx = gpu.storage_from("idx", &vec![u32::MAX; k]);
+            let wts = gpu.storage_from("wts", &vec![f32::NAN; k]);
+            let route = gemv::Route { cfg: &cfg, top_k: k, bias: &bb, idx: &idx, wts: &wts, done: &done };
+            assert!(gemv::route_fits(&gpu, &router_w, &route));
+            let pairs = [(&router_w, &logits), (&latent, &z)];
+            run(&gpu, |enc| gemv::gemv_many_glu(&gpu, enc, &pairs[..n_plain], &pair, Some(&route), &xb, None).unwrap());
+            let got_logits: Vec<f32> = gpu.read(&logits, e).unwrap();
+            let want_logits = reference::gemv::gemv(&rw, e, cols, &x);
+            assert!(support::nmse(&got_logits, &want_logits) < 1e-10, "router logits of {e} experts");
+            let (ri, rwts) = reference::moe::route(&cfg, &got_logits, &bias, k);
+            let (gi, gw): (Vec<u32>, Vec<f32>) = (gpu.read(&idx, k).unwrap(), gpu.read(&wts, k).unwrap());
+            let case = format!("{e} experts, top {k}, groups {groups}/{tg}, {n_plain} plain matrices");
+            assert_eq!(gi, ri, "{case}: selection");
+            assert!(rel_l2(&gw, &rwts) < 1e-6, "{case}: weights {gw:?} vs {rwts:?}");
+            // The router's own dispatch on the same logits: the same bits.
+            let (oi, ow) = gpu_route(&gpu, &cfg, 1, e, k, &got_logits, &bias, 0);
+            assert_eq!((gi, gw.iter().map(|v| v.to_bits()).collect::<Vec<_>>()), (oi, ow.iter().map(|v| v.to_bits()).collect::<Vec<_>>()), "{case}: against router_select");
+        }
+    }
+    // 1025 experts exceed the selection's workgroup arrays: refused, not truncated.
+    let (big, _) = matrix(7, 1025);
+    let (bb, idx, wts) = (gpu.storage("bias", 1025 * 4), gpu.storage("idx", 64), gpu.storage("wts", 64));
+    let cfg = router_cfg(1, 1, 1.0);
+    let route = gemv::Route { cfg: &cfg, top_k: 4, bias: &bb, idx: &idx, wts: &wts, done: &done };
+    assert!(!gemv::route_fits(&gpu, &big, &route));
+    let logits = gpu.storage("logits", 1025 * 4);
+    let xb = gpu.storage_from("x", &support::random_vec(3, cols));
+    run(&gpu, |enc| assert!(gemv::gemv_many_glu(&gpu, enc, &[(&big, &logits)], &pair, Some(&route), &xb, None).is_err()));
 }
 
 /// Adapters that run fewer than 512 invocations per workgroup get kernels that fit: the MXFP4

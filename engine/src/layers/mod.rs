@@ -28,6 +28,14 @@ pub(crate) fn glu_in_pass() -> bool {
     *ON.get_or_init(|| std::env::var("K31_GLU_IN_PASS").map_or(true, |v| v != "0"))
 }
 
+/// Whether a one-token MoE decode selects its experts in the projection pass that writes the
+/// router logits (the last router workgroup selects) instead of the router's own dispatch;
+/// `K31_ROUTE_IN_PASS=0` turns it off (experiments).
+pub(crate) fn route_in_pass() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("K31_ROUTE_IN_PASS").map_or(true, |v| v != "0"))
+}
+
 /// Whether a one-token global layer runs its query projections in the dispatch that writes the
 /// cache rows (`dsa::global_q_proj`: c_q normalised by each GEMV workgroup) instead of after a
 /// separate `global_prep`; `K31_Q_WITH_PREP=0` turns it off (experiments).

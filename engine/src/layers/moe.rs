@@ -23,6 +23,8 @@ pub struct MoeBlock {
     gate: GpuTensor,
     /// Selection bias [E] f32.
     bias: wgpu::Buffer,
+    /// The projection pass's done counter when it selects the experts (zero between passes).
+    route_done: wgpu::Buffer,
     latent: Option<Latent>,
     /// This layer's routed experts (the store's layer 0).
     store: ExpertStore,
@@ -92,7 +94,8 @@ impl MoeBlock {
         } else {
             None
         };
-        Ok(MoeBlock { layer, gate, bias, latent, store, shared, cfg: m, act: cfg.activation, hidden: d, eps: cfg.rms_norm_eps })
+        let route_done = gpu.storage("router done counter", 16);
+        Ok(MoeBlock { layer, gate, bias, route_done, latent, store, shared, cfg: m, act: cfg.activation, hidden: d, eps: cfg.rms_norm_eps })
     }
 
     /// out [T, d] = MoE(x), or out += MoE(x) (`accumulate`).
@@ -131,8 +134,13 @@ impl MoeBlock {
             _ => None,
         };
         if let Some(pair) = &in_pass {
-            gemv::gemv_many_glu(gpu, enc, &from_x, pair, x, prof.as_deref_mut())?;
-            router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, None, prof.as_deref_mut())?;
+            // The pass's last router workgroup selects the experts where it can.
+            let route = gemv::Route { cfg: &self.cfg.router, top_k: k, bias: &self.bias, idx: &idx, wts: &wts, done: &self.route_done };
+            let route = (super::route_in_pass() && gemv::route_fits(gpu, &self.gate, &route)).then_some(route);
+            gemv::gemv_many_glu(gpu, enc, &from_x, pair, route.as_ref(), x, prof.as_deref_mut())?;
+            if route.is_none() {
+                router_select(gpu, enc, &self.cfg.router, t, e, k, &logits, &self.bias, &idx, &wts, None, prof.as_deref_mut())?;
+            }
         } else {
             let shared_gu = self.shared.as_ref().map(|s| s.projection_buffers(gpu, t));
             if let (Some(s), Some((g, u))) = (&self.shared, &shared_gu) {

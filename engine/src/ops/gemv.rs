@@ -1,7 +1,7 @@
 //! Matrix-vector products (decode projections): `y = W x` with W in its checkpoint dtype.
 
-use super::shader_params;
-use crate::config::Activation;
+use super::{router, shader_params};
+use crate::config::{Activation, RouterConfig};
 use crate::gpu::{Gpu, GpuError, GpuTensor, Kernel, Profiler};
 use crate::layout::DType;
 
@@ -17,7 +17,10 @@ shader_params!(
 
 shader_params!(
     /// Mirrors `MultiParams` in shaders/gemv_multi.wgsl.
-    MultiParams in "gemv_multi" { cols: u32, glu: u32, beta: f32, linear_beta: f32, start: [u32; 4], rows: [u32; 4], row_offset: [u32; 4] }
+    MultiParams in "gemv_multi" {
+        cols: u32, glu: u32, beta: f32, linear_beta: f32, start: [u32; 4], rows: [u32; 4], row_offset: [u32; 4],
+        top_k: u32, n_group: u32, topk_group: u32, renormalize: u32, scaling: f32, _pad0: u32, _pad1: u32, _pad2: u32,
+    }
 );
 
 pub const GEMV_BF16: Kernel = Kernel::new("gemv_bf16", "gemv", "gemv_bf16");
@@ -51,6 +54,11 @@ pub const GEMV_BF16_MULTI: Kernel = Kernel::new("gemv_bf16_multi", "gemv_multi",
     .with_constants(&[("RS", 2.0), ("RPW", MULTI_RPW as f64), ("WGM", MULTI_THREADS as f64)])
     .subgroups()
     .unchecked();
+/// The multi kernel whose router entry (entry 0) also selects the token's experts.
+pub const GEMV_BF16_MULTI_ROUTE: Kernel = Kernel::new("gemv_bf16_multi_route", "gemv_multi", "gemv_bf16_sg_multi_route")
+    .with_constants(&[("RS", 2.0), ("RPW", MULTI_RPW as f64), ("WGM", MULTI_THREADS as f64)])
+    .subgroups()
+    .unchecked();
 /// Rows and threads per workgroup of the multi and normed GEMVs.
 const MULTI_RPW: usize = 32;
 // gemv_multi.wgsl keeps a gated pair's gate totals for up to 64 rows of a workgroup.
@@ -79,6 +87,7 @@ pub const KERNELS: &[Kernel] = &[
     GEMV_BF16_SG_CS2,
     GEMV_BF16_SG_CS4,
     GEMV_BF16_MULTI,
+    GEMV_BF16_MULTI_ROUTE,
     GEMV_BF16_NORMED,
 ];
 /// Every bf16 fast-path variant (cols % 8 == 0), for tests and benches.
@@ -233,14 +242,39 @@ pub fn glu_fits(gpu: &Gpu, pairs: &[(&GpuTensor, &wgpu::Buffer)], glu: &GluPair)
         && glu.gate.shape == glu.up.shape
 }
 
+/// The token's expert selection for [`gemv_many_glu`] to make from its first matrix's output
+/// (the router logits): idx / wts [top_k] as `router::router_select` writes them. `done` is a
+/// counter of at least 4 bytes that starts zero and is left zero (one per MoE layer will do).
+pub struct Route<'a> {
+    pub cfg: &'a RouterConfig,
+    pub top_k: usize,
+    pub bias: &'a wgpu::Buffer,
+    pub idx: &'a wgpu::Buffer,
+    pub wts: &'a wgpu::Buffer,
+    pub done: &'a wgpu::Buffer,
+}
+
+/// Storage bindings of the multi kernel's route entry.
+const ROUTE_BINDINGS: u32 = 13;
+
+/// Whether [`gemv_many_glu`] can select with `route` here, its router matrix `router` (the
+/// first of its plain matrices): the selection's bounds, one more binding set, and the
+/// matrix's rows as the expert count.
+pub fn route_fits(gpu: &Gpu, router: &GpuTensor, route: &Route) -> bool {
+    gpu.caps.max_storage_buffers >= ROUTE_BINDINGS && router::pick_params(route.cfg, router.rows(), route.top_k).is_ok()
+}
+
 /// [`gemv_many`] of up to two matrices plus a gated pair, in one dispatch: y_i = W_i x and
 /// glu.out = act(gate x, up x) (one token's router logits, latent down-projection and shared
-/// experts' activation). Refused where [`glu_fits`] is false.
+/// experts' activation); with `route`, the same dispatch also selects the token's experts
+/// from the first matrix's output (the router logits), which saves the router's dependent
+/// dispatch. Refused where [`glu_fits`] (or [`route_fits`]) is false.
 pub fn gemv_many_glu(
     gpu: &Gpu,
     enc: &mut wgpu::CommandEncoder,
     pairs: &[(&GpuTensor, &wgpu::Buffer)],
     glu: &GluPair,
+    route: Option<&Route>,
     x: &wgpu::Buffer,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
@@ -282,7 +316,21 @@ pub fn gemv_many_glu(
     p.start[3] = blocks;
     let up_out = gpu.scratch("gemv_many_glu up placeholder", 16);
     bufs.extend([(4, &glu.gate.chunks[0].buffer), (5, &glu.up.chunks[0].buffer), (8, glu.out), (9, &up_out)]);
-    gpu.dispatch(enc, &GEMV_BF16_MULTI, &p, &bufs, (blocks, 1), profiler)
+    let Some(r) = route else {
+        return gpu.dispatch(enc, &GEMV_BF16_MULTI, &p, &bufs, (blocks, 1), profiler);
+    };
+    let router = match pairs.first() {
+        Some((w, _)) if route_fits(gpu, w, r) => *w,
+        first => return Err(GpuError::Shape(format!("gemv_many_glu: no expert selection here from {}", first.map_or("no router matrix", |(w, _)| w.label.as_str())))),
+    };
+    let experts = router.rows();
+    if r.bias.size() < (experts * 4) as u64 || r.idx.size() < (r.top_k * 4) as u64 || r.wts.size() < (r.top_k * 4) as u64 || r.done.size() < 4 {
+        return Err(GpuError::Shape(format!("gemv_many_glu: route buffers too small for {experts} experts, top_k {}", r.top_k)));
+    }
+    let pick = router::pick_params(r.cfg, experts, r.top_k)?;
+    (p.top_k, p.n_group, p.topk_group, p.renormalize, p.scaling) = (pick.top_k, pick.n_group, pick.topk_group, pick.renormalize, pick.scaling);
+    bufs.extend([(10, r.bias), (11, r.idx), (12, r.wts), (13, r.done)]);
+    gpu.dispatch(enc, &GEMV_BF16_MULTI_ROUTE, &p, &bufs, (blocks, 1), profiler)
 }
 
 /// Whether [`gemv_normed`] runs here for W (bf16, cols % 8 == 0 and at most 4096).

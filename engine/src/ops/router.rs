@@ -24,6 +24,42 @@ pub const MAX_EXPERTS: usize = 1024;
 /// Most expert groups under a group limit (the shader's per-group scores, one per thread).
 pub const MAX_GROUPS: usize = 256;
 
+/// lib/router_pick.wgsl's selection parameters (`RouterPick`), shared by [`router_select`] and
+/// the MoE decode's projection pass (`gemv::gemv_many_glu` with a route).
+#[derive(Clone, Copy, Debug)]
+pub struct Pick {
+    pub top_k: u32,
+    pub n_group: u32,
+    pub topk_group: u32,
+    pub renormalize: u32,
+    pub scaling: f32,
+}
+
+/// The selection's parameters for `experts` and `top_k` under `cfg`, or why the kernels cannot
+/// select them.
+pub fn pick_params(cfg: &RouterConfig, experts: usize, top_k: usize) -> Result<Pick, GpuError> {
+    let groups = cfg.num_expert_group.max(1);
+    let limited = groups > 1 && cfg.topk_group < groups;
+    if experts == 0 || experts > MAX_EXPERTS || top_k == 0 || top_k > experts || top_k > 64 || !experts.is_multiple_of(groups) {
+        return Err(GpuError::Shape(format!(
+            "router: {experts} experts (at most {MAX_EXPERTS}, divisible by {groups} groups) with top_k {top_k} (1..=64)"
+        )));
+    }
+    if limited && (cfg.topk_group == 0 || top_k > cfg.topk_group * (experts / groups)) {
+        return Err(GpuError::Shape(format!("router: top_k {top_k} exceeds the experts of {} kept groups", cfg.topk_group)));
+    }
+    if limited && groups > MAX_GROUPS {
+        return Err(GpuError::Shape(format!("router: {groups} expert groups (at most {MAX_GROUPS} with a group limit)")));
+    }
+    Ok(Pick {
+        top_k: top_k as u32,
+        n_group: groups as u32,
+        topk_group: cfg.topk_group as u32,
+        renormalize: cfg.renormalize as u32,
+        scaling: cfg.routed_scaling_factor,
+    })
+}
+
 /// A gated activation for the router's dispatch to compute alongside: out [n] = act(gate, up).
 pub struct GluJob<'a> {
     pub act: Activation,
@@ -51,30 +87,18 @@ pub fn router_select(
     glu: Option<GluJob<'_>>,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    let groups = cfg.num_expert_group.max(1);
-    let limited = groups > 1 && cfg.topk_group < groups;
-    if experts == 0 || experts > MAX_EXPERTS || top_k == 0 || top_k > experts || top_k > 64 || !experts.is_multiple_of(groups) {
-        return Err(GpuError::Shape(format!(
-            "router: {experts} experts (at most {MAX_EXPERTS}, divisible by {groups} groups) with top_k {top_k} (1..=64)"
-        )));
-    }
-    if limited && (cfg.topk_group == 0 || top_k > cfg.topk_group * (experts / groups)) {
-        return Err(GpuError::Shape(format!("router: top_k {top_k} exceeds the experts of {} kept groups", cfg.topk_group)));
-    }
-    if limited && groups > MAX_GROUPS {
-        return Err(GpuError::Shape(format!("router: {groups} expert groups (at most {MAX_GROUPS} with a group limit)")));
-    }
+    let pick = pick_params(cfg, experts, top_k)?;
     if logits.size() < (tokens * experts * 4) as u64 || bias.size() < (experts * 4) as u64 || idx.size() < (tokens * top_k * 4) as u64 || wts.size() < (tokens * top_k * 4) as u64 {
         return Err(GpuError::Shape(format!("router: buffers too small for {tokens} tokens x {experts} experts, top_k {top_k}")));
     }
     let mut p = RouterParams {
         tokens: tokens as u32,
         experts: experts as u32,
-        top_k: top_k as u32,
-        n_group: groups as u32,
-        topk_group: cfg.topk_group as u32,
-        renormalize: cfg.renormalize as u32,
-        scaling: cfg.routed_scaling_factor,
+        top_k: pick.top_k,
+        n_group: pick.n_group,
+        topk_group: pick.topk_group,
+        renormalize: pick.renormalize,
+        scaling: pick.scaling,
         ..Default::default()
     };
     let placeholders;
