@@ -319,15 +319,17 @@ pub fn gemv_many_glu(
     let Some(r) = route else {
         return gpu.dispatch(enc, &GEMV_BF16_MULTI, &p, &bufs, (blocks, 1), profiler);
     };
-    let router = match pairs.first() {
-        Some((w, _)) if route_fits(gpu, w, r) => *w,
-        first => return Err(GpuError::Shape(format!("gemv_many_glu: no expert selection here from {}", first.map_or("no router matrix", |(w, _)| w.label.as_str())))),
+    let Some((router, _)) = pairs.first() else {
+        return Err(GpuError::Shape("gemv_many_glu: a route needs the router matrix as the first plain matrix".into()));
     };
+    if gpu.caps.max_storage_buffers < ROUTE_BINDINGS {
+        return Err(GpuError::Shape(format!("gemv_many_glu: a route needs {ROUTE_BINDINGS} storage bindings, the adapter has {}", gpu.caps.max_storage_buffers)));
+    }
     let experts = router.rows();
+    let pick = router::pick_params(r.cfg, experts, r.top_k)?;
     if r.bias.size() < (experts * 4) as u64 || r.idx.size() < (r.top_k * 4) as u64 || r.wts.size() < (r.top_k * 4) as u64 || r.done.size() < 4 {
         return Err(GpuError::Shape(format!("gemv_many_glu: route buffers too small for {experts} experts, top_k {}", r.top_k)));
     }
-    let pick = router::pick_params(r.cfg, experts, r.top_k)?;
     (p.top_k, p.n_group, p.topk_group, p.renormalize, p.scaling) = (pick.top_k, pick.n_group, pick.topk_group, pick.renormalize, pick.scaling);
     bufs.extend([(10, r.bias), (11, r.idx), (12, r.wts), (13, r.done)]);
     gpu.dispatch(enc, &GEMV_BF16_MULTI_ROUTE, &p, &bufs, (blocks, 1), profiler)
