@@ -167,7 +167,9 @@ fn gemv_bf16_sg_multi_route(
         return;
     }
     // Storage barriers are device-scope acquire/release: the last workgroup to count itself
-    // in sees every other router workgroup's logits.
+    // in sees every other router workgroup's logits. Nothing in this dispatch loads them
+    // before that (a read-write binding's loads may hit an SM's L1, which would keep lines
+    // loaded earlier: the twentieth session's absorb-in-pass went wrong on the H200 that way).
     storageBarrier();
     if (lid == 0u) {
         route_last = select(0u, 1u, atomicAdd(&route_done[0], 1u) + 1u == mp.start.y);

@@ -41,6 +41,8 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
     let mut s = model.new_session().expect("session");
     let full = model.forward(&mut s, &ids, LogitsFor::All, &mut Hooks::default()).expect("full forward").logits;
     let e = rel_l2(&full, &golden::get(&want, "logits_full").1);
+    // k31_tiny sits at 9.8e-4: its bf16 latent cache against the f64 reference's unrounded one
+    // (7.4e-6 once the reference rounds it too; tools/reference/cache_rounding.py).
     eprintln!("{dir}: full logits rel L2 {e:.2e}");
     assert!(e <= 1e-3, "{dir}: full logits rel L2 {e}");
 
