@@ -22,80 +22,7 @@
 // Partial sums of token t, chunk c: alpha[T * n + (t * chunks + c) * P + m], P = n + n(n+1)/2,
 // m = j for the dot of source j, n + j(j+1)/2 + k for G_jk.
 
-struct AttnResParams {
-    tokens: u32,
-    d: u32,
-    n_bank: u32,
-    bank_stride: u32,
-    eps: f32,
-    add: u32,
-    norm: u32,
-    chunk: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: AttnResParams;
-@group(0) @binding(1) var<storage, read> bank: array<f32>;
-@group(0) @binding(2) var<storage, read> cur: array<f32>;
-@group(0) @binding(3) var<storage, read> gamma: array<u32>;
-@group(0) @binding(4) var<storage, read> proj: array<u32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
-@group(0) @binding(6) var<storage, read_write> alpha: array<f32>;
-@group(0) @binding(7) var<storage, read> addend: array<f32>;
-@group(0) @binding(8) var<storage, read_write> part: array<f32>;
-@group(0) @binding(9) var<storage, read> norm_w: array<u32>;
-
-const WG: u32 = 256u;
-const MAX_SOURCES: u32 = 16u;
-var<workgroup> red: array<f32, 4352>; // sums: [2, WG]; mix: partials, then totals
-// The softmax weights, then the mix's inverse RMS.
-var<workgroup> weights: array<f32, 17>;
-// Each source's term of the mix's mean square.
-var<workgroup> hh_terms: array<f32, 16>;
-// Columns per thread per step of the sums pass.
-const COLS: u32 = 4u;
-// Bank entries the mix pass loads up front (b0..b7).
-const PREFETCH: u32 = 8u;
-
-fn bf16_of(word: u32, i: u32) -> f32 {
-    return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (i & 1u) == 1u));
-}
-
-fn chunks() -> u32 {
-    return (p.d + p.chunk - 1u) / p.chunk;
-}
-
-fn partials_per_chunk(n: u32) -> u32 {
-    return n + n * (n + 1u) / 2u;
-}
-
-// The current partial of token t at column i (i < d).
-fn current(t: u32, i: u32) -> f32 {
-    let c = t * p.d + i;
-    var v = cur[c];
-    if (p.add != 0u) {
-        v += addend[c];
-    }
-    return v;
-}
-
-// Source j of token t at column i given the current partial `cv` there: a clamped bank load
-// (issued whatever j is) and a select.
-fn source(j: u32, t: u32, i: u32, cv: f32) -> f32 {
-    let b = bank[min(j, max(p.n_bank, 1u) - 1u) * p.bank_stride + t * p.d + i];
-    return select(cv, b, j < p.n_bank);
-}
-
-// Gram entry q of the lower triangle as (j, k), k <= j.
-fn pair(q: u32) -> vec2<u32> {
-    var j = u32((sqrt(8.0 * f32(q) + 1.0) - 1.0) * 0.5);
-    // Float rounding near perfect squares: step to the row that holds q.
-    if (j * (j + 1u) / 2u > q) {
-        j -= 1u;
-    } else if ((j + 1u) * (j + 2u) / 2u <= q) {
-        j += 1u;
-    }
-    return vec2<u32>(j, q - j * (j + 1u) / 2u);
-}
+#include "lib/attn_res_common.wgsl"
 
 // The softmax of the n scores in `weights`, in place: thread j < n takes source j, every sum
 // in source order, so the bits are those of one thread doing it all (which took ~3 us at 9
@@ -131,101 +58,34 @@ fn attn_res_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
     if (q >= n * (n + 1u) / 2u || t >= p.tokens) {
         return;
     }
-    let jk = pair(q);
-    let diagonal = jk.x == jk.y;
-    // COLS columns per thread, all loads issued first (clamped; select drops the rest).
-    var g = 0.0;
-    var dq = 0.0;
-    for (var i0 = c * p.chunk; i0 < min(p.d, (c + 1u) * p.chunk); i0 += WG * COLS) {
-        var vj: array<f32, COLS>;
-        var vk: array<f32, COLS>;
-        // The pseudo-query's weights with the sources (every workgroup: L2 hits), so no load
-        // waits behind the arithmetic.
-        var gp: array<f32, COLS>;
-        for (var u = 0u; u < COLS; u++) {
-            let i = min(i0 + u * WG + lid, p.d - 1u);
-            let cv = current(t, i);
-            vj[u] = source(jk.x, t, i, cv);
-            vk[u] = source(jk.y, t, i, cv);
-            gp[u] = bf16_of(gamma[i >> 1u], i) * bf16_of(proj[i >> 1u], i);
-        }
-        for (var u = 0u; u < COLS; u++) {
-            let i = i0 + u * WG + lid;
-            let keep = i < min(p.d, (c + 1u) * p.chunk);
-            g += select(0.0, vj[u] * vk[u], keep);
-            if (diagonal) {
-                dq += select(0.0, vj[u] * gp[u], keep);
-                if (p.add != 0u && jk.x == n - 1u && keep) {
-                    part[t * p.d + i] = vj[u];
-                }
-            }
-        }
-    }
-    red[lid] = g;
-    red[WG + lid] = dq;
+    let s = sums_share(q, c, t, lid);
+    red[lid] = s.x;
+    red[WG + lid] = s.y;
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s >> 1u) {
-        if (lid < s) {
-            red[lid] += red[lid + s];
-            red[WG + lid] += red[WG + lid + s];
+    for (var h = WG / 2u; h > 0u; h = h >> 1u) {
+        if (lid < h) {
+            red[lid] += red[lid + h];
+            red[WG + lid] += red[WG + lid + h];
         }
         workgroupBarrier();
     }
     if (lid == 0u) {
-        let at = p.tokens * n + (t * nc + c) * partials_per_chunk(n);
-        alpha[at + n + q] = red[0];
-        if (diagonal) {
-            alpha[at + jk.x] = red[WG];
-        }
+        store_sums(q, c, t, red[0], red[WG]);
     }
 }
 
-@compute @workgroup_size(256)
-fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t = wg.y;
-    if (t >= p.tokens) {
-        return;
-    }
+// The softmax weights into `weights` (alpha[t, :] too when `write_alpha`) from the partial
+// totals at red[tot..], returning the mix's inverse RMS (1 without `norm`). Thread j < n takes
+// source j; called from uniform control flow.
+fn mix_weights(t: u32, lid: u32, tot: u32, write_alpha: bool) -> f32 {
     let n = p.n_bank + 1u;
-    let nc = chunks();
-    let np = partials_per_chunk(n);
-    // This thread's current partial and first PREFETCH bank entries (clamped), loaded before
-    // anything waits: their latency overlaps the partial sums' loads and the softmax.
-    let i = min(wg.x * WG + lid, p.d - 1u);
-    let cv = current(t, i);
-    let last = max(p.n_bank, 1u) - 1u;
-    let row = t * p.d + i;
-    let b0 = bank[min(0u, last) * p.bank_stride + row];
-    let b1 = bank[min(1u, last) * p.bank_stride + row];
-    let b2 = bank[min(2u, last) * p.bank_stride + row];
-    let b3 = bank[min(3u, last) * p.bank_stride + row];
-    let b4 = bank[min(4u, last) * p.bank_stride + row];
-    let b5 = bank[min(5u, last) * p.bank_stride + row];
-    let b6 = bank[min(6u, last) * p.bank_stride + row];
-    let b7 = bank[min(7u, last) * p.bank_stride + row];
-    // Partial sums into workgroup memory, then each total summed over the chunks in a fixed
-    // order (the same in every workgroup, so all of them mix with identical weights).
-    let base = p.tokens * n + t * nc * np;
-    for (var q = lid; q < nc * np; q += WG) {
-        red[q] = alpha[base + q];
-    }
-    workgroupBarrier();
-    let tot = nc * np;
-    for (var m = lid; m < np; m += WG) {
-        var s = 0.0;
-        for (var c = 0u; c < nc; c++) {
-            s += red[c * np + m];
-        }
-        red[tot + m] = s;
-    }
-    workgroupBarrier();
     // The scores, then their softmax and the mix's inverse RMS (thread j < n for source j).
     if (lid < n) {
         weights[lid] = red[tot + lid] * inverseSqrt(red[tot + n + lid * (lid + 1u) / 2u + lid] / f32(p.d) + p.eps);
     }
     workgroupBarrier();
     let w_mine = softmax_weights(lid, n);
-    if (lid < n && wg.x == 0u) {
+    if (lid < n && write_alpha) {
         alpha[t * n + lid] = w_mine;
     }
     workgroupBarrier();
@@ -248,42 +108,22 @@ fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_
         weights[MAX_SOURCES] = inverseSqrt(max(hh, 0.0) / f32(p.d) + p.eps);
     }
     workgroupBarrier();
-    let inv = select(1.0, weights[MAX_SOURCES], p.norm != 0u);
-    // Over the n sources only (uniform branches; a loop unrolled over MAX_SOURCES with
-    // clamped loads and selects cost ~2.5 us per call on an H200).
-    var acc = weights[n - 1u] * cv;
-    if (p.n_bank > 0u) {
-        acc += weights[0] * b0;
+    return select(1.0, weights[MAX_SOURCES], p.norm != 0u);
+}
+
+@compute @workgroup_size(256)
+fn attn_res_mix(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wg.y;
+    if (t >= p.tokens) {
+        return;
     }
-    if (p.n_bank > 1u) {
-        acc += weights[1] * b1;
-    }
-    if (p.n_bank > 2u) {
-        acc += weights[2] * b2;
-    }
-    if (p.n_bank > 3u) {
-        acc += weights[3] * b3;
-    }
-    if (p.n_bank > 4u) {
-        acc += weights[4] * b4;
-    }
-    if (p.n_bank > 5u) {
-        acc += weights[5] * b5;
-    }
-    if (p.n_bank > 6u) {
-        acc += weights[6] * b6;
-    }
-    if (p.n_bank > 7u) {
-        acc += weights[7] * b7;
-    }
-    for (var j = PREFETCH; j < p.n_bank; j++) {
-        acc += weights[j] * bank[j * p.bank_stride + row];
-    }
-    if (p.norm != 0u) {
-        acc = acc * inv * bf16_of(norm_w[i >> 1u], i);
-    }
+    let i = min(wg.x * WG + lid, p.d - 1u);
+    let f = prefetch(t, i);
+    let tot = partial_totals(t, lid, WG);
+    let inv = mix_weights(t, lid, tot, wg.x == 0u);
+    let o = mix_column(f, t, i, inv);
     if (wg.x * WG + lid < p.d) {
-        out[t * p.d + i] = acc;
+        out[t * p.d + i] = o;
     }
 }
 

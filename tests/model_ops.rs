@@ -60,8 +60,11 @@ fn attn_res_norm_matches_reference() {
         (3, 8188, 6, false),
         (2, 12, 15, true),
         (1, 4, 0, true),
+        // The subgroup passes' widest mix on an 8-lane adapter: 8 sources.
+        (1, 7168, 7, true),
     ];
-    for (path, (t, d, n_bank, add)) in [attn_res::AttnResPath::TwoPass, attn_res::AttnResPath::OneDispatch].into_iter().flat_map(|p| cases.map(|c| (p, c))) {
+    let paths = [attn_res::AttnResPath::TwoPass, attn_res::AttnResPath::TwoPassPortable, attn_res::AttnResPath::OneDispatch];
+    for (path, (t, d, n_bank, add)) in paths.into_iter().flat_map(|p| cases.map(|c| (p, c))) {
         if path == attn_res::AttnResPath::OneDispatch && !attn_res::one_fits(&g, d, t * d) {
             continue;
         }

@@ -19,7 +19,10 @@ shader_params!(
 pub const ATTN_RES_SUMS: Kernel = Kernel::new("attn_res_sums", "attn_res", "attn_res_sums").unchecked();
 pub const ATTN_RES_MIX: Kernel = Kernel::new("attn_res_mix", "attn_res", "attn_res_mix");
 pub const ATTN_RES_ONE: Kernel = Kernel::new("attn_res_one", "attn_res", "attn_res_one");
-pub const KERNELS: &[Kernel] = &[ATTN_RES_SUMS, ATTN_RES_MIX, ATTN_RES_ONE];
+/// The two passes on subgroups (attn_res_sg.wgsl): subgroups of at least the source count.
+pub const ATTN_RES_SUMS_SG: Kernel = Kernel::new("attn_res_sums_sg", "attn_res_sg", "attn_res_sums_sg").subgroups().unchecked();
+pub const ATTN_RES_MIX_SG: Kernel = Kernel::new("attn_res_mix_sg", "attn_res_sg", "attn_res_mix_sg").subgroups();
+pub const KERNELS: &[Kernel] = &[ATTN_RES_SUMS, ATTN_RES_MIX, ATTN_RES_ONE, ATTN_RES_SUMS_SG, ATTN_RES_MIX_SG];
 /// Threads of `attn_res_one`'s workgroup (ONE_WG in the shader); it mixes at most two vec4
 /// columns per thread.
 const ONE_WG: usize = 1024;
@@ -33,8 +36,11 @@ pub enum AttnResPath {
     /// 0.25 in two passes, but one decode token's 11.5-17.3 us against 12.9-16.6 (2-9
     /// sources) and the decode spans +0.23 ms: a single workgroup's dependent load rounds.
     Auto,
-    /// `attn_res_sums` (workgroups over source pairs and column chunks), then `attn_res_mix`.
+    /// `attn_res_sums` (workgroups over source pairs and column chunks), then `attn_res_mix`:
+    /// their subgroup forms where [`two_pass_sg_fits`] (`K31_ATTN_RES_SG=0` turns them off).
     TwoPass,
+    /// The two passes without subgroups whatever the adapter (tests and benches compare them).
+    TwoPassPortable,
     /// `attn_res_one`: one workgroup per token does the sums, the softmax and the mix.
     OneDispatch,
 }
@@ -44,6 +50,12 @@ pub enum AttnResPath {
 pub fn one_fits(gpu: &Gpu, d: usize, bank_stride: usize) -> bool {
     d.is_multiple_of(4) && bank_stride.is_multiple_of(4) && d <= 8 * ONE_WG && gpu.caps.max_invocations as usize >= ONE_WG
 }
+/// Whether the two passes run on subgroups here for `sources` sources: subgroups of at least
+/// that many lanes (the mix's softmax holds source j in lane j).
+pub fn two_pass_sg_fits(gpu: &Gpu, sources: usize) -> bool {
+    gpu.caps.subgroups && gpu.caps.subgroup_min as usize >= sources
+}
+
 /// Most sources one aggregation takes (MAX_SOURCES in the shader).
 pub const MAX_SOURCES: usize = 16;
 /// Workgroup size of both passes, and floats of the shader's workgroup array.
@@ -228,10 +240,18 @@ fn record(
         let one = [(1, bank), (2, s.cur), (3, q.gamma), (4, q.proj), (5, out), (6, alpha), (7, addend), (8, part), (9, norm_w.unwrap_or(q.gamma))];
         return dispatch(gpu, enc, &ATTN_RES_ONE, &p, &one, (1, tokens as u32), profiler);
     }
+    // Read once per process: this runs for every aggregation of every token.
+    static SG_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let sg_off = *SG_OFF.get_or_init(|| std::env::var("K31_ATTN_RES_SG").is_ok_and(|v| v == "0"));
+    let (sums_kernel, mix_kernel) = if path == AttnResPath::TwoPass && !sg_off && two_pass_sg_fits(gpu, n) {
+        (ATTN_RES_SUMS_SG, ATTN_RES_MIX_SG)
+    } else {
+        (ATTN_RES_SUMS, ATTN_RES_MIX)
+    };
     let sums = [(1, bank), (2, s.cur), (3, q.gamma), (4, q.proj), (6, alpha), (7, addend), (8, part)];
     // One workgroup per (Gram entry, column chunk).
     let groups = (n * (n + 1) / 2 * d.div_ceil(chunk(d, n))) as u32;
-    dispatch(gpu, enc, &ATTN_RES_SUMS, &p, &sums, (groups, tokens as u32), profiler.as_deref_mut())?;
+    dispatch(gpu, enc, &sums_kernel, &p, &sums, (groups, tokens as u32), profiler.as_deref_mut())?;
     let mix = [(1, bank), (2, s.cur), (5, out), (6, alpha), (7, addend), (9, norm_w.unwrap_or(q.gamma))];
-    dispatch(gpu, enc, &ATTN_RES_MIX, &p, &mix, (d.div_ceil(WG) as u32, tokens as u32), profiler)
+    dispatch(gpu, enc, &mix_kernel, &p, &mix, (d.div_ceil(WG) as u32, tokens as u32), profiler)
 }
