@@ -50,15 +50,11 @@ fn softmax_weights(lid: u32, n: u32) -> f32 {
 
 @compute @workgroup_size(256)
 fn attn_res_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let n = p.n_bank + 1u;
-    let nc = chunks();
-    let q = wg.x / nc;
-    let c = wg.x % nc;
-    let t = wg.y;
-    if (q >= n * (n + 1u) / 2u || t >= p.tokens) {
+    let slot = sums_slot(wg);
+    if (slot.w == 0u) {
         return;
     }
-    let s = sums_share(q, c, t, lid);
+    let s = sums_share(slot.x, slot.y, slot.z, lid);
     red[lid] = s.x;
     red[WG + lid] = s.y;
     workgroupBarrier();
@@ -70,7 +66,7 @@ fn attn_res_sums(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation
         workgroupBarrier();
     }
     if (lid == 0u) {
-        store_sums(q, c, t, red[0], red[WG]);
+        store_sums(slot.x, slot.y, slot.z, red[0], red[WG]);
     }
 }
 

@@ -17,15 +17,11 @@ fn attn_res_sums_sg(
     @builtin(subgroup_id) sg: u32,
     @builtin(num_subgroups) nsg: u32,
 ) {
-    let n = p.n_bank + 1u;
-    let nc = chunks();
-    let q = wg.x / nc;
-    let c = wg.x % nc;
-    let t = wg.y;
-    if (q >= n * (n + 1u) / 2u || t >= p.tokens) {
+    let slot = sums_slot(wg);
+    if (slot.w == 0u) {
         return;
     }
-    let s = sums_share(q, c, t, lid);
+    let s = sums_share(slot.x, slot.y, slot.z, lid);
     let g = subgroupAdd(s.x);
     let dq = subgroupAdd(s.y);
     if (lane == 0u) {
@@ -37,7 +33,7 @@ fn attn_res_sums_sg(
         for (var k = 0u; k < nsg; k++) {
             total += sg_part[k];
         }
-        store_sums(q, c, t, total.x, total.y);
+        store_sums(slot.x, slot.y, slot.z, total.x, total.y);
     }
 }
 

@@ -78,6 +78,14 @@ fn pair(q: u32) -> vec2<u32> {
     return vec2<u32>(j, q - j * (j + 1u) / 2u);
 }
 
+// The sums pass's workgroup wg as (Gram pair q, chunk c, token t, live): live is 0 for a q past
+// the pairs or a t past the tokens (nothing to do).
+fn sums_slot(wg: vec3<u32>) -> vec4<u32> {
+    let n = p.n_bank + 1u;
+    let q = wg.x / chunks();
+    return vec4<u32>(q, wg.x % chunks(), wg.y, select(0u, 1u, q < n * (n + 1u) / 2u && wg.y < p.tokens));
+}
+
 // This thread's share of workgroup (pair q, chunk c)'s sums for token t: over chunk c's columns,
 // v_j . v_k (Gram pair q = (j, k)) and, on the diagonal, v_j . (gamma * proj), as (g, dq); the
 // current partial also goes to `part` when `add` (the diagonal of the last source).

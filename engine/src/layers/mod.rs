@@ -17,7 +17,7 @@ use crate::model::FeedForward;
 /// the sparse attention). `K31_OVERLAP=0` turns it off (experiments).
 pub(crate) fn overlap_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("K31_OVERLAP").map_or(true, |v| v != "0"))
+    crate::ops::switch_on(&ON, "K31_OVERLAP")
 }
 
 /// Whether a one-token MoE decode computes the shared experts' activation in its projection
@@ -25,7 +25,7 @@ pub(crate) fn overlap_enabled() -> bool {
 /// `K31_GLU_IN_PASS=0` turns it off (experiments).
 pub(crate) fn glu_in_pass() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("K31_GLU_IN_PASS").map_or(true, |v| v != "0"))
+    crate::ops::switch_on(&ON, "K31_GLU_IN_PASS")
 }
 
 /// Whether a one-token MoE decode selects its experts in the projection pass that writes the
@@ -33,7 +33,7 @@ pub(crate) fn glu_in_pass() -> bool {
 /// `K31_ROUTE_IN_PASS=0` turns it off (experiments).
 pub(crate) fn route_in_pass() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("K31_ROUTE_IN_PASS").map_or(true, |v| v != "0"))
+    crate::ops::switch_on(&ON, "K31_ROUTE_IN_PASS")
 }
 
 /// Whether a one-token global layer runs its query projections in the dispatch that writes the
@@ -41,7 +41,7 @@ pub(crate) fn route_in_pass() -> bool {
 /// separate `global_prep`; `K31_Q_WITH_PREP=0` turns it off (experiments).
 pub(crate) fn q_with_prep() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("K31_Q_WITH_PREP").map_or(true, |v| v != "0"))
+    crate::ops::switch_on(&ON, "K31_Q_WITH_PREP")
 }
 
 /// A float tensor's values as f32, or an error naming it.

@@ -240,10 +240,8 @@ fn record(
         let one = [(1, bank), (2, s.cur), (3, q.gamma), (4, q.proj), (5, out), (6, alpha), (7, addend), (8, part), (9, norm_w.unwrap_or(q.gamma))];
         return dispatch(gpu, enc, &ATTN_RES_ONE, &p, &one, (1, tokens as u32), profiler);
     }
-    // Read once per process: this runs for every aggregation of every token.
-    static SG_OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let sg_off = *SG_OFF.get_or_init(|| std::env::var("K31_ATTN_RES_SG").is_ok_and(|v| v == "0"));
-    let (sums_kernel, mix_kernel) = if path == AttnResPath::TwoPass && !sg_off && two_pass_sg_fits(gpu, n) {
+    static SG_ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let (sums_kernel, mix_kernel) = if path == AttnResPath::TwoPass && super::switch_on(&SG_ON, "K31_ATTN_RES_SG") && two_pass_sg_fits(gpu, n) {
         (ATTN_RES_SUMS_SG, ATTN_RES_MIX_SG)
     } else {
         (ATTN_RES_SUMS, ATTN_RES_MIX)

@@ -1434,7 +1434,7 @@ fn q_matrix(w: &GpuTensor, r: usize) -> Option<&wgpu::Buffer> {
 /// One decode token's [`global_prep`] (the latent row, the index-key row) and the query
 /// projections from RMSNorm(c_q) in one dispatch: each GEMV workgroup normalises c_q itself,
 /// so the projections need not wait for a separate norm. Returns false (nothing recorded)
-/// where it cannot run here (subgroups, workgroups of 512, 14 storage bindings, r a multiple
+/// where it cannot run here (subgroups, workgroups of 512, 13 storage bindings, r a multiple
 /// of 8 up to 2048, one-binding bf16 matrices): the caller then runs [`global_prep`] and the
 /// projections as before.
 #[allow(clippy::too_many_arguments)]

@@ -170,9 +170,7 @@ pub fn gemv_many(
     mut profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
     let cols = pairs.first().map_or(0, |(w, _)| w.shape.get(1).copied().unwrap_or(0));
-    let fits = gpu.caps.subgroups
-        && gpu.caps.max_invocations >= MULTI_THREADS
-        && gpu.caps.max_storage_buffers >= 9
+    let fits = multi_runs_here(gpu)
         && cols.is_multiple_of(8)
         && pairs.iter().all(|(w, _)| w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] == cols);
     if !fits || pairs.len() < 2 {
@@ -215,6 +213,12 @@ pub fn gemv_many(
     Ok(())
 }
 
+/// Whether the multi kernel runs on this adapter: subgroups, workgroups of MULTI_THREADS and
+/// its 9 storage bindings.
+fn multi_runs_here(gpu: &Gpu) -> bool {
+    gpu.caps.subgroups && gpu.caps.max_invocations >= MULTI_THREADS && gpu.caps.max_storage_buffers >= 9
+}
+
 /// A gated pair for [`gemv_many_glu`]: out [rows] = act(gate x, up x), gate and up bf16 of
 /// one shape.
 pub struct GluPair<'a> {
@@ -230,9 +234,7 @@ pub struct GluPair<'a> {
 pub fn glu_fits(gpu: &Gpu, pairs: &[(&GpuTensor, &wgpu::Buffer)], glu: &GluPair) -> bool {
     let cols = glu.gate.shape.get(1).copied().unwrap_or(0);
     let one = |w: &GpuTensor| w.chunks.len() == 1 && w.dtype == DType::BF16 && w.shape.len() == 2 && w.shape[1] == cols && w.rows() > 0;
-    gpu.caps.subgroups
-        && gpu.caps.max_invocations >= MULTI_THREADS
-        && gpu.caps.max_storage_buffers >= 9
+    multi_runs_here(gpu)
         && cols.is_multiple_of(8)
         && cols > 0
         && pairs.len() <= 2

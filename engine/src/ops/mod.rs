@@ -31,6 +31,12 @@ pub struct ParamsLayout {
     pub fields: Vec<(&'static str, usize)>,
 }
 
+/// An experiment switch read once per process through `cell`: on unless the environment
+/// variable `name` is "0".
+pub(crate) fn switch_on(cell: &std::sync::OnceLock<bool>, name: &str) -> bool {
+    *cell.get_or_init(|| std::env::var(name).map_or(true, |v| v != "0"))
+}
+
 pub(crate) fn layout_of<T: ShaderParams>() -> ParamsLayout {
     ParamsLayout { shader: T::SHADER, name: T::NAME, size: std::mem::size_of::<T>(), fields: T::fields() }
 }
