@@ -49,3 +49,27 @@ fn spin_fma(@builtin(global_invocation_id) gid: vec3<u32>) {
         sink[gid.x & 255u] = a;
     }
 }
+
+// A dispatch that only names buffers (read-only): wgpu moves them to the read state at the
+// barrier in front of it, so later dispatches that read them get no barrier of their own and
+// can run beside one another. Its one invocation does nothing (`never` is 0).
+struct TouchParams {
+    never: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> tp: TouchParams;
+@group(0) @binding(6) var<storage, read> touch0: array<u32>;
+@group(0) @binding(7) var<storage, read> touch1: array<u32>;
+@group(0) @binding(8) var<storage, read> touch2: array<u32>;
+@group(0) @binding(9) var<storage, read> touch3: array<u32>;
+@group(0) @binding(10) var<storage, read_write> touch_sink: array<u32>;
+
+@compute @workgroup_size(1)
+fn touch() {
+    if (tp.never != 0u) {
+        touch_sink[0] = touch0[0] + touch1[0] + touch2[0] + touch3[0];
+    }
+}

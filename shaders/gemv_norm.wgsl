@@ -1,5 +1,6 @@
 // bf16 GEMV of an RMS-normed input: y (+)= W (x * rsqrt(mean(x^2) + eps) * gamma), gamma bf16,
-// plus an optional second product W_b x_b over the same rows (cols_b > 0; x_b in global memory).
+// plus an optional second product W_b x_b over the same rows (cols_b > 0; x_b in global memory)
+// and an optional addend vector (has_addend: a product computed elsewhere, summed in here).
 // Decode's LatentMoE runs its latent RMSNorm, up-projection and shared-expert down-projection
 // (both add into the residual) as this one dispatch: the separate norm cost a dependent
 // dispatch plus a ~7 us body per layer on an H200, and two short GEMVs two ramps and tails. Every
@@ -15,7 +16,7 @@ struct NormGemvParams {
     accumulate: u32,
     eps: f32,
     cols_b: u32,
-    _pad0: u32,
+    has_addend: u32,
     _pad1: u32,
 }
 
@@ -26,6 +27,7 @@ struct NormGemvParams {
 @group(0) @binding(4) var<storage, read> gamma: array<vec2<u32>>;
 @group(0) @binding(5) var<storage, read> w4b: array<vec4<u32>>;
 @group(0) @binding(6) var<storage, read> x4b: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read> addend: array<f32>;
 
 #include "lib/store_y.wgsl"
 #include "lib/bf16_unit.wgsl"
@@ -53,7 +55,12 @@ fn add_y(i: u32, v: f32) {
     y[i] += v;
 }
 
-#include "lib/gemv_multi_rows.wgsl" MW=w4 STORE=store_y mx4=xs mp=p entry_rows=normed_rows
+// The first product's store, with the addend where there is one.
+fn store_first(i: u32, v: f32) {
+    store_y(i, v + select(0.0, addend[i], p.has_addend != 0u));
+}
+
+#include "lib/gemv_multi_rows.wgsl" MW=w4 STORE=store_first mx4=xs mp=p entry_rows=normed_rows
 #include "lib/gemv_multi_rows.wgsl" MW=w4b STORE=add_y mx4=x4b mp=pb entry_rows=second_rows
 
 @compute @workgroup_size(WGN)

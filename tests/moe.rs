@@ -602,9 +602,10 @@ fn small_workgroup_adapters_take_kernels_that_fit() {
 }
 
 /// The normed-input GEMV (decode's latent RMSNorm + up-projection, and the shared experts'
-/// down-projection as an optional second product, in one dispatch) equals the reference norm
-/// then GEMV(s): ragged rows, a chunked matrix, widths from 8 to the 4096 limit, inputs far from
-/// unit scale, writing and accumulating; wider inputs and a chunked second matrix are refused.
+/// down-projection as an optional second product or a precomputed addend, in one dispatch)
+/// equals the reference norm then GEMV(s): ragged rows, a chunked matrix, widths from 8 to the
+/// 4096 limit, inputs far from unit scale, writing and accumulating, with and without the
+/// addend; wider inputs, a chunked second matrix and a short addend are refused.
 #[test]
 fn gemv_normed_matches_norm_then_gemv() {
     let Some(gpu) = support::gpu() else { return };
@@ -631,25 +632,36 @@ fn gemv_normed_matches_norm_then_gemv() {
             (t, gpu.storage_from("x_b", &second_x))
         });
         let base = support::random_vec(9, rows);
-        for accumulate in [false, true] {
+        let add: Vec<f32> = support::random_vec(13, rows).iter().map(|v| v * 3.0).collect();
+        let add_b = gpu.storage_from("addend", &add);
+        for (accumulate, with_add) in [(false, false), (true, false), (false, true), (true, true)] {
             let y = gpu.storage_from("y", &base);
             let pair = second.as_ref().map(|(t, b)| (t, b));
-            run(&gpu, |enc| gemv::gemv_normed(&gpu, enc, &tensor, &xb, &gb, 1e-6, pair, &y, accumulate, None).unwrap());
+            let addend = with_add.then_some(&add_b);
+            run(&gpu, |enc| gemv::gemv_normed(&gpu, enc, &tensor, &xb, &gb, 1e-6, pair, addend, &y, accumulate, None).unwrap());
             let got: Vec<f32> = gpu.read(&y, rows).unwrap();
-            let want: Vec<f32> = want.iter().zip(&base).map(|(&v, &b)| if accumulate { v + b } else { v }).collect();
+            let want: Vec<f32> = want
+                .iter()
+                .zip(&base)
+                .zip(&add)
+                .map(|((&v, &b), &a)| v + if accumulate { b } else { 0.0 } + if with_add { a } else { 0.0 })
+                .collect();
             let err = rel_l2(&got, &want);
-            assert!(err < 1e-5, "[{rows}, {cols}] + [{rows}, {cols_b}] x{scale} accumulate {accumulate}: rel L2 {err}");
+            assert!(err < 1e-5, "[{rows}, {cols}] + [{rows}, {cols_b}] x{scale} accumulate {accumulate} addend {with_add}: rel L2 {err}");
         }
     }
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     let wide = GpuTensor::upload(&gpu, "w", DType::BF16, &[2, 4104], &vec![0u8; 2 * 4104 * 2], None).expect("upload");
     let (x, g, y) = (gpu.storage("x", 4104 * 4), gpu.storage("g", 4104 * 2), gpu.storage("y", 8));
-    let err = gemv::gemv_normed(&gpu, &mut enc, &wide, &x, &g, 1e-6, None, &y, false, None).unwrap_err();
+    let err = gemv::gemv_normed(&gpu, &mut enc, &wide, &x, &g, 1e-6, None, None, &y, false, None).unwrap_err();
     assert!(err.to_string().contains("4096"), "{err}");
     let narrow = GpuTensor::upload(&gpu, "w", DType::BF16, &[2, 8], &[0u8; 32], None).expect("upload");
     let chunked = GpuTensor::upload(&gpu, "w_b", DType::BF16, &[2, 8], &[0u8; 32], Some(16)).expect("upload");
-    let err = gemv::gemv_normed(&gpu, &mut enc, &narrow, &x, &g, 1e-6, Some((&chunked, &x)), &y, false, None).unwrap_err();
+    let err = gemv::gemv_normed(&gpu, &mut enc, &narrow, &x, &g, 1e-6, Some((&chunked, &x)), None, &y, false, None).unwrap_err();
     assert!(err.to_string().contains("one-chunk"), "{err}");
+    let short = gpu.storage("addend", 4);
+    let err = gemv::gemv_normed(&gpu, &mut enc, &narrow, &x, &g, 1e-6, None, Some(&short), &y, false, None).unwrap_err();
+    assert!(err.to_string().contains("addend"), "{err}");
 }
 
 #[test]

@@ -28,6 +28,14 @@ pub(crate) fn glu_in_pass() -> bool {
     crate::ops::switch_on(&ON, "K31_GLU_IN_PASS")
 }
 
+/// Whether a one-token LatentMoE decode runs its shared experts' down-projection beside the
+/// routed experts' first stage (summed in by the latent up-projection's normed pass) instead
+/// of inside that pass; `K31_SHARED_BESIDE=0` turns it off (experiments).
+pub(crate) fn shared_beside() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    crate::ops::switch_on(&ON, "K31_SHARED_BESIDE")
+}
+
 /// Whether a one-token MoE decode selects its experts in the projection pass that writes the
 /// router logits (the last router workgroup selects) instead of the router's own dispatch;
 /// `K31_ROUTE_IN_PASS=0` turns it off (experiments).

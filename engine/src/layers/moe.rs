@@ -18,6 +18,18 @@ struct Latent {
     up: GpuTensor,
 }
 
+/// A one-token MoE's buffers of its own for the shared experts' down-projection beside the
+/// routed experts' first stage ([`super::shared_beside`]): new to every encoder, so no barrier
+/// orders the two.
+struct SharedBeside {
+    /// The experts' intermediate activations [top_k, n_mid] f32.
+    h: wgpu::Buffer,
+    /// The shared experts' output [d] f32, summed in by the latent up-projection.
+    down: wgpu::Buffer,
+    /// The touch dispatch's sink (never written).
+    sink: wgpu::Buffer,
+}
+
 pub struct MoeBlock {
     layer: usize,
     gate: GpuTensor,
@@ -29,6 +41,7 @@ pub struct MoeBlock {
     /// This layer's routed experts (the store's layer 0).
     store: ExpertStore,
     shared: Option<GluMlp>,
+    beside: Option<SharedBeside>,
     cfg: crate::config::MoeConfig,
     act: Activation,
     hidden: usize,
@@ -95,7 +108,12 @@ impl MoeBlock {
             None
         };
         let route_done = gpu.storage("router done counter", 16);
-        Ok(MoeBlock { layer, gate, bias, route_done, latent, store, shared, cfg: m, act: cfg.activation, hidden: d, eps: cfg.rms_norm_eps })
+        let beside = (shared.is_some() && latent.as_ref().is_some_and(|l| l.norm.is_some())).then(|| SharedBeside {
+            h: gpu.storage("experts h (decode)", (m.experts_per_token * m.moe_intermediate_size * 4) as u64),
+            down: gpu.storage("shared experts out", (d * 4) as u64),
+            sink: gpu.storage("touch sink", 16),
+        });
+        Ok(MoeBlock { layer, gate, bias, route_done, latent, store, shared, beside, cfg: m, act: cfg.activation, hidden: d, eps: cfg.rms_norm_eps })
     }
 
     /// out [T, d] = MoE(x), or out += MoE(x) (`accumulate`).
@@ -162,7 +180,28 @@ impl MoeBlock {
         let y = y_owned.as_ref().unwrap_or(out);
         // Without a latent projection the experts write (or add into) the output directly.
         let call = moe::ExpertCall { layer: 0, tokens: t, top_k: k, act: self.act, accumulate: accumulate && self.latent.is_none() };
-        if t == 1 {
+        // One token: the shared experts' down-projection (memory-bound) beside the routed
+        // experts' first stage (bound by the MXFP4 decode), where the latent up-projection's
+        // normed pass can sum it in.
+        let beside = match (&self.beside, &self.latent, &self.shared, &shared_act) {
+            (Some(b), Some(l), Some(s), Some(a))
+                if t == 1
+                    && in_pass.is_some()
+                    && super::shared_beside()
+                    && gemv::normed_fits(gpu, &l.up)
+                    && s.down().rows() == l.up.rows() =>
+            {
+                Some((b, s.down(), a))
+            }
+            _ => None,
+        };
+        if let Some((b, down, a)) = beside {
+            // z, the routing and the activation reach the read state at the barrier before
+            // this dispatch, so neither stage 1 nor the down-projection needs one of its own.
+            crate::ops::copy::touch(gpu, enc, &[z, &idx, &wts, a], &b.sink)?;
+            let mut shared_down = |enc: &mut wgpu::CommandEncoder| gemv::gemv(gpu, enc, down, a, &b.down, None);
+            moe::experts_decode_beside(gpu, enc, &self.store, &call, None, z, &idx, &wts, &b.h, y, prof.as_deref_mut(), Some(&mut shared_down))?;
+        } else if t == 1 {
             let h = buf("experts h", t * k * self.cfg.moe_intermediate_size);
             moe::experts_decode(gpu, enc, &self.store, &call, None, z, &idx, &wts, &h, y, prof.as_deref_mut())?;
         } else {
@@ -171,7 +210,7 @@ impl MoeBlock {
         }
         // The shared experts' down-projection, unless it joins the latent up-projection below.
         let mut shared_down = match (&self.shared, &shared_act) {
-            (Some(s), Some(a)) => Some((s.down(), a)),
+            (Some(s), Some(a)) if beside.is_none() => Some((s.down(), a)),
             _ => None,
         };
         if let Some(l) = &self.latent {
@@ -183,7 +222,8 @@ impl MoeBlock {
                     if second.is_some() {
                         shared_down = None;
                     }
-                    gemv::gemv_normed(gpu, enc, &l.up, y, w, self.eps, second, out, accumulate, prof.as_deref_mut())?;
+                    let addend = beside.map(|(b, _, _)| &b.down);
+                    gemv::gemv_normed(gpu, enc, &l.up, y, w, self.eps, second, addend, out, accumulate, prof.as_deref_mut())?;
                 }
                 Some(w) => {
                     let normed = buf("latent normed", t * n_in);

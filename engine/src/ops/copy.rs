@@ -16,7 +16,27 @@ shader_params!(
 
 pub const COPY_VEC4: Kernel = Kernel::new("copy_vec4", "copy", "copy_vec4");
 pub const SPIN_FMA: Kernel = Kernel::new("spin_fma", "copy", "spin_fma");
-pub const KERNELS: &[Kernel] = &[COPY_VEC4, SPIN_FMA];
+shader_params!(
+    /// Mirrors `TouchParams` in shaders/copy.wgsl.
+    TouchParams in "copy" { never: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
+);
+
+pub const TOUCH: Kernel = Kernel::new("touch", "copy", "touch");
+pub const KERNELS: &[Kernel] = &[COPY_VEC4, SPIN_FMA, TOUCH];
+
+/// Records one empty invocation that names `bufs` (one to four) read-only: their move to the
+/// read state happens at the barrier before it, so the dispatches after it that only read
+/// them (and write buffers new to the encoder) have no barrier between them. `sink` is a 16-byte
+/// storage buffer it never writes.
+pub fn touch(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, bufs: &[&wgpu::Buffer], sink: &wgpu::Buffer) -> Result<(), GpuError> {
+    let Some(&first) = bufs.first() else { return Ok(()) };
+    if bufs.len() > 4 {
+        return Err(GpuError::Shape(format!("touch: {} buffers, at most 4", bufs.len())));
+    }
+    let b = |i: usize| bufs.get(i).copied().unwrap_or(first);
+    let entries = [(6, b(0)), (7, b(1)), (8, b(2)), (9, b(3)), (10, sink)];
+    gpu.dispatch_grid(enc, &TOUCH, &TouchParams::default(), &entries, [1, 1, 1], None)
+}
 
 /// Records a copy of `bytes` (a multiple of 16) from `src` to `dst`.
 pub fn copy(

@@ -12,7 +12,7 @@ shader_params!(
 
 shader_params!(
     /// Mirrors `NormGemvParams` in shaders/gemv_norm.wgsl.
-    NormGemvParams in "gemv_norm" { rows: u32, cols: u32, row_offset: u32, accumulate: u32, eps: f32, cols_b: u32, _pad0: u32, _pad1: u32 }
+    NormGemvParams in "gemv_norm" { rows: u32, cols: u32, row_offset: u32, accumulate: u32, eps: f32, cols_b: u32, has_addend: u32, _pad1: u32 }
 );
 
 shader_params!(
@@ -372,6 +372,7 @@ pub fn gemv_normed(
     gamma: &wgpu::Buffer,
     eps: f32,
     second: Option<(&GpuTensor, &wgpu::Buffer)>,
+    addend: Option<&wgpu::Buffer>,
     y: &wgpu::Buffer,
     accumulate: bool,
     mut profiler: Option<&mut Profiler>,
@@ -392,6 +393,11 @@ pub fn gemv_normed(
             w.rows(),
             w.rows()
         )));
+    }
+    if let Some(a) = addend {
+        if a.size() < (w.rows() * 4) as u64 {
+            return Err(GpuError::Shape(format!("gemv_normed: the addend holds {} bytes, {} rows need {}", a.size(), w.rows(), w.rows() * 4)));
+        }
     }
     let placeholders;
     let (w_b, x_b, cols_b) = match second {
@@ -425,9 +431,10 @@ pub fn gemv_normed(
             accumulate: accumulate as u32,
             eps,
             cols_b: cols_b as u32,
+            has_addend: addend.is_some() as u32,
             ..Default::default()
         };
-        let bufs = [(1, x), (2, &chunk.buffer), (3, y), (4, gamma), (5, w_b), (6, x_b)];
+        let bufs = [(1, x), (2, &chunk.buffer), (3, y), (4, gamma), (5, w_b), (6, x_b), (7, addend.unwrap_or(x))];
         gpu.dispatch(enc, &GEMV_BF16_NORMED, &params, &bufs, ((chunk.rows as u32).div_ceil(MULTI_RPW as u32), 1), profiler.as_deref_mut())?;
     }
     Ok(())

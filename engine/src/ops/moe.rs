@@ -287,7 +287,31 @@ pub fn experts_decode(
     wts: &wgpu::Buffer,
     h: &wgpu::Buffer,
     y: &wgpu::Buffer,
+    profiler: Option<&mut Profiler>,
+) -> Result<(), GpuError> {
+    experts_decode_beside(gpu, enc, store, call, kernels, z, idx, wts, h, y, profiler, None)
+}
+
+/// Work recorded between the experts' two stages ([`experts_decode_beside`]): with every
+/// buffer it reads already in the read state and outputs new to the encoder, no barrier stands
+/// between it and stage 1, so a memory-bound product runs beside the decode-bound experts.
+pub type BesideStage1<'a> = &'a mut dyn FnMut(&mut wgpu::CommandEncoder) -> Result<(), GpuError>;
+
+/// [`experts_decode`] with `beside` recorded right after stage 1.
+#[allow(clippy::too_many_arguments)]
+pub fn experts_decode_beside(
+    gpu: &Gpu,
+    enc: &mut wgpu::CommandEncoder,
+    store: &ExpertStore,
+    call: &ExpertCall,
+    kernels: Option<DecodeKernels>,
+    z: &wgpu::Buffer,
+    idx: &wgpu::Buffer,
+    wts: &wgpu::Buffer,
+    h: &wgpu::Buffer,
+    y: &wgpu::Buffer,
     mut profiler: Option<&mut Profiler>,
+    beside: Option<BesideStage1<'_>>,
 ) -> Result<(), GpuError> {
     let p = expert_params(store, call)?;
     let (t, k, n_in, n_mid) = (call.tokens, call.top_k, store.layout.n_in, store.layout.n_mid);
@@ -320,6 +344,9 @@ pub fn experts_decode(
         ((n_mid as u32).div_ceil(k_sel.up_rows()), pairs),
         profiler.as_deref_mut(),
     )?;
+    if let Some(work) = beside {
+        work(enc)?;
+    }
     dispatch(
         gpu,
         enc,
