@@ -55,9 +55,14 @@ fn add_y(i: u32, v: f32) {
     y[i] += v;
 }
 
-// The first product's store, with the addend where there is one.
+// The first product's store, with the addend where there is one. (A branch, not `select`:
+// without an addend its binding is a placeholder shorter than the rows.)
 fn store_first(i: u32, v: f32) {
-    store_y(i, v + select(0.0, addend[i], p.has_addend != 0u));
+    var a = 0.0;
+    if (p.has_addend != 0u) {
+        a = addend[i];
+    }
+    store_y(i, v + a);
 }
 
 #include "lib/gemv_multi_rows.wgsl" MW=w4 STORE=store_first mx4=xs mp=p entry_rows=normed_rows
