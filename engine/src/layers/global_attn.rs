@@ -192,6 +192,17 @@ pub struct GlobalAttn {
     g_proj: Option<GpuTensor>,
     o_proj: GpuTensor,
     indexer: Option<IndexerWeights>,
+    /// A one-token forward's buffers of its own for the absorb beside the indexer.
+    beside: Option<AbsorbBeside>,
+}
+
+/// A one-token forward's absorbed query and touch sink ([`super::absorb_beside`]): qa is new
+/// to every encoder, so the absorb writing it needs no barrier after the indexer's dispatch.
+struct AbsorbBeside {
+    /// The absorbed query [H, R+E] f32.
+    qa: wgpu::Buffer,
+    /// The touch dispatch's sink (never written).
+    sink: wgpu::Buffer,
 }
 
 fn err(msg: String) -> GpuError {
@@ -265,6 +276,10 @@ impl GlobalAttn {
             kv_b: mat("kv_b_proj.weight", h * (dims.nope + dims.v_dim), dims.latent)?,
             g_proj: if mla.output_gate { Some(mat("g_proj.weight", h * dims.v_dim, d)?) } else { None },
             o_proj: mat("o_proj.weight", d, h * dims.v_dim)?,
+            beside: indexer.is_some().then(|| AbsorbBeside {
+                qa: gpu.storage("qa (decode)", (h * dims.width() * 4) as u64),
+                sink: gpu.storage("touch sink", 16),
+            }),
             indexer,
         })
     }
@@ -376,8 +391,17 @@ impl GlobalAttn {
             }
         }
         cache.len = n_pos;
-        let qa = buf("qa [T, H, R+E]", t_n * h * dm.width());
-        dsa::mla_absorb(gpu, &mut enc, &dm, &cache.latent, &q, &self.kv_b, &qa, t_n, prof.as_deref_mut())?;
+        // One token with an indexer: the absorb needs only q, so it runs beside the indexer
+        // (both latency-bound) instead of before it.
+        let beside = self.beside.as_ref().filter(|_| t_n == 1 && !opts.diagnostics && cache.keys.is_some() && super::absorb_beside());
+        let qa = match beside {
+            Some(b) => b.qa.clone(),
+            None => {
+                let qa = buf("qa [T, H, R+E]", t_n * h * dm.width());
+                dsa::mla_absorb(gpu, &mut enc, &dm, &cache.latent, &q, &self.kv_b, &qa, t_n, prof.as_deref_mut())?;
+                qa
+            }
+        };
         let o = buf("o [T, H*V]", t_n * vo);
         let lse = buf("lse [T, H]", t_n * h);
         let gate = self.g_proj.as_ref().map(|_| &g);
@@ -448,7 +472,17 @@ impl GlobalAttn {
                     copy_rows(&mut enc, &qi, qi_b, ih * id, t0, nb, false);
                     copy_rows(&mut enc, &wi, wi_b, ih, t0, nb, false);
                     let s_len = qpos + nb;
+                    if let Some(b) = beside {
+                        // q, the index query and weights and the new key row reach the read
+                        // state at this dispatch's barrier; neither the indexer nor the absorb
+                        // (into a buffer new to the encoder) then takes one of its own.
+                        let key_page = &keys.pages()[keys.locate(pos0).0];
+                        crate::ops::copy::touch(gpu, &mut enc, &[&q, qi_b, wi_b, key_page], &b.sink)?;
+                    }
                     dsa::index_scores(gpu, &mut enc, keys, ix.heads, opts.index_precision, qi_b, wi_b, scores, nb, qpos, s_len, s_len, prof.as_deref_mut())?;
+                    if beside.is_some() {
+                        dsa::mla_absorb(gpu, &mut enc, &dm, &cache.latent, &q, &self.kv_b, &qa, t_n, prof.as_deref_mut())?;
+                    }
                     // Rank order only for a sink that reads this layer; attention needs the set.
                     if opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) {
                         dsa::topk(gpu, &mut enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;

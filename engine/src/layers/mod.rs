@@ -44,6 +44,14 @@ pub(crate) fn route_in_pass() -> bool {
     crate::ops::switch_on(&ON, "K31_ROUTE_IN_PASS")
 }
 
+/// Whether a one-token global layer with an indexer runs the absorb beside the indexer
+/// (after a touch of their inputs) instead of before it; `K31_ABSORB_BESIDE=0` turns it off
+/// (experiments).
+pub(crate) fn absorb_beside() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    crate::ops::switch_on(&ON, "K31_ABSORB_BESIDE")
+}
+
 /// Whether a one-token global layer runs its query projections in the dispatch that writes the
 /// cache rows (`dsa::global_q_proj`: c_q normalised by each GEMV workgroup) instead of after a
 /// separate `global_prep`; `K31_Q_WITH_PREP=0` turns it off (experiments).
