@@ -100,7 +100,9 @@ impl ExpertStore {
         self.slots.get(layer * self.num_experts + expert).copied().flatten()
     }
 
-    /// Uploads one expert into a free slot and points the table at it.
+    /// Uploads one expert into a free slot and points the table at it. Queue writes: they land
+    /// before any work not yet submitted, so a forward that pages must submit first (decode
+    /// records several layers per submission, `Model::forward`).
     pub fn fill(&mut self, gpu: &Gpu, layer: usize, expert: usize, w: &ExpertWeights) -> Result<u32, GpuError> {
         if layer >= self.num_layers || expert >= self.num_experts {
             return Err(GpuError::Shape(format!("expert store: ({layer}, {expert}) is outside {} layers x {} experts", self.num_layers, self.num_experts)));

@@ -99,12 +99,18 @@ pub struct Hooks<'a> {
 }
 
 /// Output of one forward call.
-/// Layers recorded per queue submission in decode (`K31_LAYERS_PER_SUBMIT`, default 1): a
-/// knob for measuring the host's submission cost against host/GPU overlap.
-fn layers_per_submit() -> usize {
+/// Whether the forward submits what it recorded after layer `l`: after the first layer, so the
+/// GPU starts while the host records on, then every LAYERS_PER_SUBMIT layers. Each queue
+/// submission cost the H200 ~12 us of GPU time between the layers around it (docs/perf.md:
+/// ~1.7 ms per K3.1 token at one per layer), and the host records a layer in about half the
+/// time the GPU runs it, so batches of 4 keep the GPU fed. `K31_LAYERS_PER_SUBMIT=N` sets the
+/// batch (experiments; 1: a submission per layer).
+fn submit_after(l: usize) -> bool {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *N.get_or_init(|| std::env::var("K31_LAYERS_PER_SUBMIT").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(1))
+    let n = *N.get_or_init(|| std::env::var("K31_LAYERS_PER_SUBMIT").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(LAYERS_PER_SUBMIT));
+    l == 0 || (l + 1) % n == 0
 }
+const LAYERS_PER_SUBMIT: usize = 4;
 
 pub struct Forward {
     /// [rows, vocab] f32: one row per token (All) or the last token's (Last).
@@ -279,8 +285,6 @@ impl Model {
                     k.forward(g, &mut enc, &normed, t, st, mixed, prof.as_deref_mut())?;
                 }
                 MixerWeights::Global(ga) => {
-                    // The global layer records and submits its own encoders.
-                    g.flush(&mut enc);
                     let cache = session.global_cache(l)?;
                     let mut opts = ForwardOptions {
                         sink: hooks.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }),
@@ -290,7 +294,7 @@ impl Model {
                         index_precision: self.index_precision,
                         ..Default::default()
                     };
-                    diagnostics.extend(ga.forward(g, &normed, t, cache, mixed, &mut opts)?);
+                    diagnostics.extend(ga.forward_in(g, &mut enc, &normed, t, cache, mixed, &mut opts)?);
                 }
             }
             // The partial: a at a block start, else carry + a (written by the MLP-side pass);
@@ -317,9 +321,9 @@ impl Model {
             // The FFN adds into the partial, which becomes the next layer's carry.
             layer.ffn.forward(g, &mut enc, &normed, t, &stream[part_at], true, prof.as_deref_mut())?;
             carry_at = part_at;
-            // Hand layers to the GPU as soon as they are recorded, so the GPU runs while
-            // the CPU records the next ones (one submission per token serialised the two).
-            if (l + 1) % layers_per_submit() == 0 {
+            // Hand layers to the GPU while the CPU records the next ones (one submission per
+            // token serialised the two), but not every layer: see `submit_after`.
+            if submit_after(l) {
                 g.flush(&mut enc);
             }
         }

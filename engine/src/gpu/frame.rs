@@ -42,8 +42,11 @@ pub(crate) struct Frame {
     /// What each arena slot holds on the GPU (writes are skipped when unchanged).
     mirror: Vec<Vec<u8>>,
     next_slot: usize,
-    /// Buffers ready to hand out, per size.
-    free: HashMap<u64, VecDeque<wgpu::Buffer>>,
+    /// Buffers ready to hand out, per size, each with the submission count at which a scope
+    /// returned it this frame (None: last frame's, long submitted).
+    free: HashMap<u64, VecDeque<(wgpu::Buffer, Option<u64>)>>,
+    /// Encoders submitted through [`crate::gpu::Gpu::flush`] so far.
+    pub submissions: u64,
     /// Handed out and not yet returned by a scope, in order.
     out: Vec<(u64, wgpu::Buffer)>,
     /// Every buffer handed out this frame, in first-use order (kept for the next frame).
@@ -59,7 +62,7 @@ pub(crate) struct Frame {
 
 impl Frame {
     pub fn new() -> Frame {
-        Frame { arena: None, mirror: Vec::new(), next_slot: 0, free: HashMap::new(), out: Vec::new(), kept: Vec::new(), kept_set: HashSet::new(), binds: HashMap::new(), frame: 0, batching: 0, open_pass: None }
+        Frame { arena: None, mirror: Vec::new(), next_slot: 0, free: HashMap::new(), out: Vec::new(), kept: Vec::new(), kept_set: HashSet::new(), binds: HashMap::new(), frame: 0, batching: 0, open_pass: None, submissions: 0 }
     }
 
     /// Starts a forward: slots from 0 again, last forward's scratch buffers reusable in the
@@ -70,7 +73,7 @@ impl Frame {
         self.out.clear();
         self.kept_set.clear();
         for (size, b) in self.kept.drain(..) {
-            self.free.entry(size).or_default().push_back(b);
+            self.free.entry(size).or_default().push_back((b, None));
         }
         let keep = self.frame;
         self.binds.retain(|_, (_, last)| *last == keep);
@@ -107,11 +110,14 @@ impl Frame {
     }
 
     /// A storage buffer of `bytes` (rounded to words) for this forward: last forward's buffer
-    /// of that size at this point of the graph, or a new one. `recycled` says which.
+    /// of that size at this point of the graph, or a new one. `recycled` says which, and is
+    /// false for a buffer whose last user may not be submitted yet (a queue write would land
+    /// before that work: the debug fill must skip it).
     pub fn scratch(&mut self, device: &wgpu::Device, label: &str, bytes: u64) -> (wgpu::Buffer, bool) {
         let size = bytes.div_ceil(4).max(1) * 4;
+        let submissions = self.submissions;
         let (buf, recycled) = match self.free.get_mut(&size).and_then(|q| q.pop_front()) {
-            Some(b) => (b, true),
+            Some((b, returned)) => (b, returned.is_none_or(|at| submissions > at)),
             None => (
                 device.create_buffer(&wgpu::BufferDescriptor {
                     label: Some(label),
@@ -142,7 +148,7 @@ impl Frame {
             return;
         }
         for (size, b) in self.out.drain(mark..).rev() {
-            self.free.entry(size).or_default().push_front(b);
+            self.free.entry(size).or_default().push_front((b, Some(self.submissions)));
         }
     }
 

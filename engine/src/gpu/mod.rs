@@ -213,6 +213,7 @@ impl Gpu {
     /// reads before writing fails the tests). Use `storage` where zeros are needed.
     pub fn scratch(&self, label: &str, bytes: u64) -> wgpu::Buffer {
         let (buf, recycled) = frame::with(self.id, |f| f.scratch(&self.device, label, bytes));
+        // (Only buffers whose last use is submitted: the write goes before unsubmitted work.)
         if recycled && cfg!(debug_assertions) {
             self.queue.write_buffer(&buf, 0, &vec![0xff; buf.size() as usize]);
         }
@@ -296,6 +297,34 @@ impl Gpu {
         enc.begin_compute_pass(desc)
     }
 
+    /// A timestamp written once all earlier work on `enc` is done: inside the shared compute
+    /// pass where the adapter has in-pass timestamps and passes are batched (so the mark does
+    /// not split the pass, which would cost the GPU a pass boundary the unprofiled stream does
+    /// not have), else as the end stamp of an empty pass. Returns whether it went in the pass.
+    pub fn mark_timestamp(&self, enc: &mut wgpu::CommandEncoder, set: &wgpu::QuerySet, index: u32) -> bool {
+        if self.caps.timestamps_in_passes && mark_in_pass() && frame::with(self.id, |f| f.batching > 0) {
+            self.in_shared_pass(enc, |pass| pass.write_timestamp(set, index));
+            return true;
+        }
+        let ts = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: None, end_of_pass_write_index: Some(index) };
+        drop(self.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("span mark"), timestamp_writes: Some(ts) }));
+        false
+    }
+
+    /// Records into `enc`'s shared compute pass, opening it if this thread has none open for
+    /// `enc` (one open for another encoder is ended first).
+    fn in_shared_pass(&self, enc: &mut wgpu::CommandEncoder, record: impl FnOnce(&mut wgpu::ComputePass<'static>)) {
+        let at = enc as *const wgpu::CommandEncoder as usize;
+        let stale = frame::with(self.id, |f| f.open_pass.take_if(|(e, _)| *e != at));
+        drop(stale);
+        frame::with(self.id, |f| {
+            let (_, pass) = f.open_pass.get_or_insert_with(|| {
+                (at, enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("k31 dispatches"), timestamp_writes: None }).forget_lifetime())
+            });
+            record(pass);
+        });
+    }
+
     /// `enc.copy_buffer_to_buffer`, after ending the shared compute pass.
     pub fn copy_buffer(&self, enc: &mut wgpu::CommandEncoder, src: &wgpu::Buffer, src_offset: u64, dst: &wgpu::Buffer, dst_offset: u64, bytes: u64) {
         self.end_pass();
@@ -306,6 +335,7 @@ impl Gpu {
     /// to the GPU early, or before work recorded elsewhere that must follow it).
     pub fn flush(&self, enc: &mut wgpu::CommandEncoder) {
         self.end_pass();
+        frame::with(self.id, |f| f.submissions += 1);
         let done = std::mem::replace(enc, self.device.create_command_encoder(&Default::default()));
         self.queue.submit([done.finish()]);
     }
@@ -456,14 +486,8 @@ impl Gpu {
         // else it gets a pass per dispatch.
         let stamps_inside = self.caps.timestamps_in_passes || profiler.as_ref().is_none_or(|p| p.is_spans());
         if stamps_inside && frame::with(self.id, |f| f.batching > 0) {
-            let at = enc as *const wgpu::CommandEncoder as usize;
-            let stale = frame::with(self.id, |f| f.open_pass.take_if(|(e, _)| *e != at));
-            drop(stale);
             let stamp = profiler.as_deref_mut().and_then(|p| p.stamps(kernel.profile_label()));
-            frame::with(self.id, |f| {
-                let (_, pass) = f.open_pass.get_or_insert_with(|| {
-                    (at, enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("k31 dispatches"), timestamp_writes: None }).forget_lifetime())
-                });
+            self.in_shared_pass(enc, |pass| {
                 if let Some((set, i)) = stamp {
                     pass.write_timestamp(set, i);
                 }
@@ -489,4 +513,11 @@ impl Gpu {
         let max = self.caps.max_workgroups_per_dim.max(1);
         if groups <= max { (groups.max(1), 1) } else { (max, groups.div_ceil(max)) }
     }
+}
+
+/// Whether span marks go inside the shared pass where they can; `K31_MARK_IN_PASS=0` keeps
+/// the empty-pass marks (experiments).
+fn mark_in_pass() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    crate::ops::switch_on(&ON, "K31_MARK_IN_PASS")
 }

@@ -96,8 +96,7 @@ impl Profiler {
             return;
         }
         self.pending.push(label);
-        let ts = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: None, end_of_pass_write_index: Some(i) };
-        drop(gpu.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("span mark"), timestamp_writes: Some(ts) }));
+        gpu.mark_timestamp(enc, set, i);
     }
 
     /// Timestamp writes for the next pass, attributed to `label`.

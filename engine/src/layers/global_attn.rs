@@ -194,6 +194,7 @@ pub struct GlobalAttn {
     indexer: Option<IndexerWeights>,
     /// A one-token forward's buffers of its own for the absorb beside the indexer.
     beside: Option<AbsorbBeside>,
+    decode_gate: Option<DecodeGate>,
 }
 
 /// A one-token forward's absorbed query and touch sink ([`super::absorb_beside`]): qa is new
@@ -204,6 +205,11 @@ struct AbsorbBeside {
     /// The touch dispatch's sink (never written).
     sink: wgpu::Buffer,
 }
+
+/// A one-token forward's gate [H*V] f32: the layer's own, so the gate GEMV beside the attention
+/// needs no barrier even when earlier layers of the same encoder wrote the scratch pool's
+/// buffers (a pool buffer written twice in one encoder takes one).
+struct DecodeGate(wgpu::Buffer);
 
 fn err(msg: String) -> GpuError {
     GpuError::Shape(msg)
@@ -275,6 +281,7 @@ impl GlobalAttn {
             kv_a_norm: vec("kv_a_layernorm.weight", dims.latent)?,
             kv_b: mat("kv_b_proj.weight", h * (dims.nope + dims.v_dim), dims.latent)?,
             g_proj: if mla.output_gate { Some(mat("g_proj.weight", h * dims.v_dim, d)?) } else { None },
+            decode_gate: mla.output_gate.then(|| DecodeGate(gpu.storage("gate (decode)", (h * dims.v_dim * 4) as u64))),
             o_proj: mat("o_proj.weight", d, h * dims.v_dim)?,
             beside: indexer.is_some().then(|| AbsorbBeside {
                 qa: gpu.storage("qa (decode)", (h * dims.width() * 4) as u64),
@@ -289,6 +296,25 @@ impl GlobalAttn {
     pub fn forward(
         &self,
         gpu: &Gpu,
+        x: &wgpu::Buffer,
+        n_tokens: usize,
+        cache: &mut GlobalCache,
+        out: &wgpu::Buffer,
+        opts: &mut ForwardOptions<'_>,
+    ) -> Result<Vec<TokenDiagnostics>, GpuError> {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let diags = self.forward_in(gpu, &mut enc, x, n_tokens, cache, out, opts)?;
+        gpu.flush(&mut enc);
+        Ok(diags)
+    }
+
+    /// [`GlobalAttn::forward`] recorded into `enc` (submitted by the caller, or here where a
+    /// selection sink or the diagnostics need results back: then with what `enc` held before).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_in(
+        &self,
+        gpu: &Gpu,
+        enc: &mut wgpu::CommandEncoder,
         x: &wgpu::Buffer,
         n_tokens: usize,
         cache: &mut GlobalCache,
@@ -320,12 +346,14 @@ impl GlobalAttn {
         let cq = buf("c_q [T, r]", t_n * r);
         let q = buf("q [T, H*(nope+rope)]", t_n * q_w);
         let kv = buf("kv [T, R+E]", t_n * dm.width());
-        let g = buf("gate [T, H*V]", t_n * vo);
+        let g = match &self.decode_gate {
+            Some(DecodeGate(b)) if t_n == 1 => b.clone(),
+            _ => buf("gate [T, H*V]", t_n * vo),
+        };
         let (ih, id) = self.indexer.as_ref().map_or((1, 8), |i| (i.heads, i.head_dim));
         let qi = buf("qI [T, IH, ID]", t_n * ih * id);
         let ki = buf("kI [T, ID]", t_n * id);
         let wi = buf("wI [T, IH]", t_n * ih);
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
         let mut prof = opts.profiler.as_deref_mut();
         // Projections of all T tokens at once (one token: the GEMV).
         // Every projection of x in as few dispatches as the GEMV allows (they share x).
@@ -344,7 +372,7 @@ impl GlobalAttn {
             from_x.push((&ix.wk, &ki));
             from_x.push((&ix.weights_proj, &wi));
         }
-        linear_many(gpu, &mut enc, &from_x, t_n, x, prof.as_deref_mut())?;
+        linear_many(gpu, enc, &from_x, t_n, x, prof.as_deref_mut())?;
         let key_prep = || match (&self.indexer, &cache.keys) {
             (Some(ix), Some(keys)) => Some(dsa::KeyPrep { ki: &ki, gamma: &ix.k_norm_w, beta: &ix.k_norm_b, eps: ix.eps, keys }),
             _ => None,
@@ -357,18 +385,18 @@ impl GlobalAttn {
                 Some((_, norm)) => {
                     let index = self.indexer.as_ref().map(|ix| (&ix.wq_b, &qi));
                     let query = dsa::QueryProj { cq: &cq, norm, q_b: &self.q_b, q: &q, index };
-                    dsa::global_q_proj(gpu, &mut enc, &query, &kv, &self.kv_a_norm, dm.latent, &cache.latent, key_prep(), self.eps, pos0, prof.as_deref_mut())?
+                    dsa::global_q_proj(gpu, enc, &query, &kv, &self.kv_a_norm, dm.latent, &cache.latent, key_prep(), self.eps, pos0, prof.as_deref_mut())?
                 }
                 None => false,
             };
         let prepped = fused || t_n == 1 && {
             let cq_norm = self.q_a.as_ref().map(|(_, norm)| (&cq, r, norm));
-            dsa::global_prep(gpu, &mut enc, cq_norm, &kv, &self.kv_a_norm, dm.latent, &cache.latent, key_prep(), self.eps, pos0, prof.as_deref_mut())?
+            dsa::global_prep(gpu, enc, cq_norm, &kv, &self.kv_a_norm, dm.latent, &cache.latent, key_prep(), self.eps, pos0, prof.as_deref_mut())?
         };
         let q_src = match &self.q_a {
             Some((_, norm)) => {
                 if !prepped {
-                    dsa::row_norm(gpu, &mut enc, &cq, t_n, r, 0, r, self.eps, norm, None, prof.as_deref_mut())?;
+                    dsa::row_norm(gpu, enc, &cq, t_n, r, 0, r, self.eps, norm, None, prof.as_deref_mut())?;
                 }
                 &cq
             }
@@ -379,15 +407,15 @@ impl GlobalAttn {
             if let Some(ix) = &self.indexer {
                 from_q.push((&ix.wq_b, &qi));
             }
-            linear_many(gpu, &mut enc, &from_q, t_n, q_src, prof.as_deref_mut())?;
+            linear_many(gpu, enc, &from_q, t_n, q_src, prof.as_deref_mut())?;
         }
         // Cache rows: normalised latent | raw k_pe, and the LayerNorm'd index key.
         if !prepped {
-            dsa::row_norm(gpu, &mut enc, &kv, t_n, dm.width(), 0, dm.latent, self.eps, &self.kv_a_norm, None, prof.as_deref_mut())?;
-            cache.latent.write(gpu, &mut enc, &kv, dm.width(), 0, 0, t_n, pos0)?;
+            dsa::row_norm(gpu, enc, &kv, t_n, dm.width(), 0, dm.latent, self.eps, &self.kv_a_norm, None, prof.as_deref_mut())?;
+            cache.latent.write(gpu, enc, &kv, dm.width(), 0, 0, t_n, pos0)?;
             if let (Some(ix), Some(keys)) = (&self.indexer, &cache.keys) {
-                dsa::row_norm(gpu, &mut enc, &ki, t_n, id, 0, id, ix.eps, &ix.k_norm_w, Some(&ix.k_norm_b), prof.as_deref_mut())?;
-                keys.write(gpu, &mut enc, &ki, id, 0, 0, t_n, pos0)?;
+                dsa::row_norm(gpu, enc, &ki, t_n, id, 0, id, ix.eps, &ix.k_norm_w, Some(&ix.k_norm_b), prof.as_deref_mut())?;
+                keys.write(gpu, enc, &ki, id, 0, 0, t_n, pos0)?;
             }
         }
         cache.len = n_pos;
@@ -398,7 +426,7 @@ impl GlobalAttn {
             Some(b) => b.qa.clone(),
             None => {
                 let qa = buf("qa [T, H, R+E]", t_n * h * dm.width());
-                dsa::mla_absorb(gpu, &mut enc, &dm, &cache.latent, &q, &self.kv_b, &qa, t_n, prof.as_deref_mut())?;
+                dsa::mla_absorb(gpu, enc, &dm, &cache.latent, &q, &self.kv_b, &qa, t_n, prof.as_deref_mut())?;
                 qa
             }
         };
@@ -463,31 +491,31 @@ impl GlobalAttn {
         while t0 < t_n {
             let nb = tb.min(t_n - t0);
             let qpos = pos0 + t0;
-            copy_rows(&mut enc, &qa, &qa_b, h * dm.width(), t0, nb, false);
+            copy_rows(enc, &qa, &qa_b, h * dm.width(), t0, nb, false);
             if gate.is_some() {
-                copy_rows(&mut enc, &g, &g_b, vo, t0, nb, false);
+                copy_rows(enc, &g, &g_b, vo, t0, nb, false);
             }
             let sel_arg = match (&ix_state, &cache.keys) {
                 (Some((ix, scratch, scores, qi_b, wi_b)), Some(keys)) => {
-                    copy_rows(&mut enc, &qi, qi_b, ih * id, t0, nb, false);
-                    copy_rows(&mut enc, &wi, wi_b, ih, t0, nb, false);
+                    copy_rows(enc, &qi, qi_b, ih * id, t0, nb, false);
+                    copy_rows(enc, &wi, wi_b, ih, t0, nb, false);
                     let s_len = qpos + nb;
                     if let Some(b) = beside {
                         // q, the index query and weights and the new key row reach the read
                         // state at this dispatch's barrier; neither the indexer nor the absorb
                         // (into a buffer new to the encoder) then takes one of its own.
                         let key_page = &keys.pages()[keys.locate(pos0).0];
-                        crate::ops::copy::touch(gpu, &mut enc, &[&q, qi_b, wi_b, key_page], &b.sink)?;
+                        crate::ops::copy::touch(gpu, enc, &[&q, qi_b, wi_b, key_page], &b.sink)?;
                     }
-                    dsa::index_scores(gpu, &mut enc, keys, ix.heads, opts.index_precision, qi_b, wi_b, scores, nb, qpos, s_len, s_len, prof.as_deref_mut())?;
+                    dsa::index_scores(gpu, enc, keys, ix.heads, opts.index_precision, qi_b, wi_b, scores, nb, qpos, s_len, s_len, prof.as_deref_mut())?;
                     if beside.is_some() {
-                        dsa::mla_absorb(gpu, &mut enc, &dm, &cache.latent, &q, &self.kv_b, &qa, t_n, prof.as_deref_mut())?;
+                        dsa::mla_absorb(gpu, enc, &dm, &cache.latent, &q, &self.kv_b, &qa, t_n, prof.as_deref_mut())?;
                     }
                     // Rank order only for a sink that reads this layer; attention needs the set.
                     if opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) {
-                        dsa::topk(gpu, &mut enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;
+                        dsa::topk(gpu, enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;
                     } else {
-                        dsa::topk_set(gpu, &mut enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;
+                        dsa::topk_set(gpu, enc, scratch, scores, s_len, nb, qpos, s_len, &sel, &sel_score, prof.as_deref_mut())?;
                     }
                     Some((&sel, ix.topk))
                 }
@@ -507,9 +535,9 @@ impl GlobalAttn {
             };
             let variant = dsa::MlaVariant::default_for(gpu)?;
             let (latent, kv_b) = (&cache.latent, &self.kv_b);
-            dsa::mla_attention_variant(gpu, &mut enc, variant, &dm, latent, &qa_b, sel_arg, kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut(), between)?;
-            copy_rows(&mut enc, &o_b, &o, vo, t0, nb, true);
-            copy_rows(&mut enc, &lse_b, &lse, h, t0, nb, true);
+            dsa::mla_attention_variant(gpu, enc, variant, &dm, latent, &qa_b, sel_arg, kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut(), between)?;
+            copy_rows(enc, &o_b, &o, vo, t0, nb, true);
+            copy_rows(enc, &lse_b, &lse, h, t0, nb, true);
             let listening = opts.sink.as_ref().is_some_and(|s| s.wants(self.layer)) && sel_arg.is_some();
             // Selections go through staging buffers: held by the caller until its own readback,
             // or (no caller holder) delivered right after this block's submission.
@@ -522,8 +550,8 @@ impl GlobalAttn {
                     usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
                     mapped_at_creation: false,
                 });
-                gpu.copy_buffer(&mut enc, &sel, 0, &staging, 0, bytes);
-                gpu.copy_buffer(&mut enc, &sel_score, 0, &staging, bytes, bytes);
+                gpu.copy_buffer(enc, &sel, 0, &staging, 0, bytes);
+                gpu.copy_buffer(enc, &sel_score, 0, &staging, bytes, bytes);
                 let holder = match opts.deferred.as_deref_mut() {
                     Some(d) => d,
                     None => &mut own,
@@ -532,7 +560,7 @@ impl GlobalAttn {
             }
             let deliver_now = !own.pending.is_empty();
             if deliver_now || (opts.diagnostics && sel_arg.is_some()) {
-                gpu.flush(&mut enc);
+                gpu.flush(enc);
             }
             if let (true, Some(sink)) = (deliver_now, opts.sink.as_deref_mut()) {
                 own.deliver(gpu, sink)?;
@@ -542,8 +570,7 @@ impl GlobalAttn {
             }
             t0 += nb;
         }
-        linear(gpu, &mut enc, &self.o_proj, t_n, &o, out, prof)?;
-        gpu.flush(&mut enc);
+        linear(gpu, enc, &self.o_proj, t_n, &o, out, prof)?;
         Ok(diags)
     }
 
