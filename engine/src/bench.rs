@@ -17,7 +17,7 @@ pub fn time_gpu(
     for _ in 0..warmup {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         record(&mut enc, None)?;
-        gpu.queue.submit([enc.finish()]);
+        gpu.submit([enc.finish()]);
     }
     gpu.wait()?;
     let mut samples = Vec::with_capacity(reps);
@@ -27,14 +27,14 @@ pub fn time_gpu(
         let start = std::time::Instant::now();
         if profiler.enabled() {
             record(&mut enc, Some(&mut profiler))?;
-            gpu.queue.submit([enc.finish()]);
+            gpu.submit([enc.finish()]);
             profiler.collect(gpu)?;
             let total: f64 = profiler.report().iter().map(|t| t.total_ns).sum();
             profiler.reset();
             samples.push(total * 1e-9);
         } else {
             record(&mut enc, None)?;
-            gpu.queue.submit([enc.finish()]);
+            gpu.submit([enc.finish()]);
             gpu.wait()?;
             samples.push(start.elapsed().as_secs_f64());
         }
@@ -129,7 +129,7 @@ pub fn median_span(
         if let Some(st) = &stamps {
             st.resolve(&mut enc);
         }
-        gpu.queue.submit([enc.finish()]);
+        gpu.submit([enc.finish()]);
         gpu.wait()?;
         let wall = start.elapsed().as_secs_f64();
         let t = match &stamps {
@@ -157,11 +157,11 @@ pub fn breakdown(
     }
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     record(&mut enc, None)?;
-    gpu.queue.submit([enc.finish()]);
+    gpu.submit([enc.finish()]);
     for _ in 0..reps {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         record(&mut enc, Some(&mut profiler))?;
-        gpu.queue.submit([enc.finish()]);
+        gpu.submit([enc.finish()]);
         profiler.collect(gpu)?;
     }
     Ok(profiler.report().into_iter().map(|t| (t.label, t.total_ns * 1e-9 / reps as f64)).collect())
@@ -199,7 +199,7 @@ pub fn warm_gpu(gpu: &Gpu, min_ms: u64, max_ms: u64) -> Result<f64, GpuError> {
         let t0 = std::time::Instant::now();
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         spin(gpu, &mut enc, &sink, groups, iters)?;
-        gpu.queue.submit([enc.finish()]);
+        gpu.submit([enc.finish()]);
         gpu.wait()?;
         let t = t0.elapsed().as_nanos() as u64;
         let best = BEST_NS.fetch_min(t, Ordering::Relaxed).min(t);

@@ -247,7 +247,7 @@ impl Session {
                 (LayerState::Global(c), LayerBytes::Global { len, latent, keys }) => c.restore_parts(gpu, *len, latent, *keys)?,
                 _ => unreachable!("checked above"),
             }
-            gpu.queue.submit([]);
+            gpu.submit([]);
             gpu.wait()?;
         }
         self.position = position;

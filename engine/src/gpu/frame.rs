@@ -39,8 +39,13 @@ pub(crate) struct BindKey {
 
 pub(crate) struct Frame {
     arena: Option<wgpu::Buffer>,
-    /// What each arena slot holds on the GPU (writes are skipped when unchanged).
+    /// What each arena slot holds (or will hold once `dirty` is written): writes are skipped
+    /// when a slot's bytes did not change.
     mirror: Vec<Vec<u8>>,
+    /// While batching, changed slots are not written one by one but as one range before the
+    /// next submission ([`Frame::take_dirty`]): each queue write cost the H200 ~1.5 us of GPU
+    /// time at the submission it went with (docs/perf.md). First and last dirty slot.
+    dirty: Option<(usize, usize)>,
     next_slot: usize,
     /// Buffers ready to hand out, per size, each with the submission count at which a scope
     /// returned it this frame (None: last frame's, long submitted).
@@ -62,7 +67,7 @@ pub(crate) struct Frame {
 
 impl Frame {
     pub fn new() -> Frame {
-        Frame { arena: None, mirror: Vec::new(), next_slot: 0, free: HashMap::new(), out: Vec::new(), kept: Vec::new(), kept_set: HashSet::new(), binds: HashMap::new(), frame: 0, batching: 0, open_pass: None, submissions: 0 }
+        Frame { arena: None, mirror: Vec::new(), next_slot: 0, free: HashMap::new(), out: Vec::new(), kept: Vec::new(), kept_set: HashSet::new(), binds: HashMap::new(), frame: 0, batching: 0, open_pass: None, submissions: 0, dirty: None }
     }
 
     /// Starts a forward: slots from 0 again, last forward's scratch buffers reusable in the
@@ -80,8 +85,9 @@ impl Frame {
         self.frame += 1;
     }
 
-    /// The arena slot holding `bytes` for this dispatch (written only if it changed), or
-    /// None when the forward has used every slot.
+    /// The arena slot holding `bytes` for this dispatch (written only if it changed: at once,
+    /// or while batching before the next submission), or None when the forward has used every
+    /// slot.
     pub fn uniform_slot(&mut self, device: &wgpu::Device, queue: &wgpu::Queue, bytes: &[u8]) -> Option<(wgpu::Buffer, u64, usize)> {
         if self.next_slot >= SLOTS || bytes.len() as u64 > SLOT {
             return None;
@@ -103,10 +109,26 @@ impl Frame {
             self.mirror.resize(slot + 1, Vec::new());
         }
         if self.mirror[slot] != bytes {
-            queue.write_buffer(&arena, slot as u64 * SLOT, bytes);
             self.mirror[slot] = bytes.to_vec();
+            if self.batching > 0 && defer_uniforms() {
+                self.dirty = Some(self.dirty.map_or((slot, slot), |(lo, hi)| (lo.min(slot), hi.max(slot))));
+            } else {
+                queue.write_buffer(&arena, slot as u64 * SLOT, bytes);
+            }
         }
         Some((arena, slot as u64 * SLOT, slot))
+    }
+
+    /// The arena, the byte offset and the bytes of the slots changed and not yet written (one
+    /// range; the slots between them are rewritten with what they hold), clearing them.
+    pub fn take_dirty(&mut self) -> Option<(wgpu::Buffer, u64, Vec<u8>)> {
+        let (lo, hi) = self.dirty.take()?;
+        let arena = self.arena.clone()?;
+        let mut bytes = vec![0u8; (hi + 1 - lo) * SLOT as usize];
+        for (i, m) in self.mirror[lo..=hi].iter().enumerate() {
+            bytes[i * SLOT as usize..][..m.len()].copy_from_slice(m);
+        }
+        Some((arena, lo as u64 * SLOT, bytes))
     }
 
     /// A storage buffer of `bytes` (rounded to words) for this forward: last forward's buffer
@@ -163,4 +185,11 @@ impl Frame {
     pub fn keep_bind_group(&mut self, key: BindKey, group: wgpu::BindGroup) {
         self.binds.insert(key, (group, self.frame));
     }
+}
+
+/// Whether batched forwards write their changed uniform slots as one range per submission;
+/// `K31_DEFER_UNIFORMS=0` writes each at once (experiments).
+fn defer_uniforms() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    crate::ops::switch_on(&ON, "K31_DEFER_UNIFORMS")
 }

@@ -250,7 +250,7 @@ impl Gpu {
         });
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
-        self.queue.submit([enc.finish()]);
+        self.submit([enc.finish()]);
         let (tx, rx) = std::sync::mpsc::channel();
         staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
@@ -337,7 +337,16 @@ impl Gpu {
         self.end_pass();
         frame::with(self.id, |f| f.submissions += 1);
         let done = std::mem::replace(enc, self.device.create_command_encoder(&Default::default()));
-        self.queue.submit([done.finish()]);
+        self.submit([done.finish()]);
+    }
+
+    /// `queue.submit`, after writing the uniform slots changed since the last submission (while
+    /// batching they are written together, here): every engine submission goes through it.
+    pub fn submit<I: IntoIterator<Item = wgpu::CommandBuffer>>(&self, cmds: I) {
+        if let Some((arena, offset, bytes)) = frame::with(self.id, |f| f.take_dirty()) {
+            self.queue.write_buffer(&arena, offset, &bytes);
+        }
+        self.queue.submit(cmds);
     }
 
     /// Waits until all submitted work has finished.

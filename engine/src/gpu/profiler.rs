@@ -139,7 +139,7 @@ impl Profiler {
         let stamps = if self.spans { n } else { 2 * n };
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         enc.resolve_query_set(set, 0..stamps, resolve, 0);
-        gpu.queue.submit([enc.finish()]);
+        gpu.submit([enc.finish()]);
         let raw: Vec<u64> = gpu.read(resolve, stamps as usize)?;
         if self.spans {
             // Span i runs from stamp i to stamp i + 1; the end marker (empty label) starts none.
