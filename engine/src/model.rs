@@ -98,10 +98,9 @@ pub struct Hooks<'a> {
     pub profiler: Option<&'a mut Profiler>,
 }
 
-/// Output of one forward call.
 /// Whether the forward submits what it recorded after layer `l`: after the first layer, so the
 /// GPU starts while the host records on, then every LAYERS_PER_SUBMIT layers. Each queue
-/// submission cost the H200 ~12 us of GPU time between the layers around it (docs/perf.md:
+/// submission cost the H200 ~12-34 us of GPU time between the layers around it (docs/perf.md:
 /// ~1.7 ms per K3.1 token at one per layer), and the host records a layer in about half the
 /// time the GPU runs it, so batches of 4 keep the GPU fed. `K31_LAYERS_PER_SUBMIT=N` sets the
 /// batch (experiments; 1: a submission per layer).
@@ -112,6 +111,7 @@ fn submit_after(l: usize) -> bool {
 }
 const LAYERS_PER_SUBMIT: usize = 4;
 
+/// Output of one forward call.
 pub struct Forward {
     /// [rows, vocab] f32: one row per token (All) or the last token's (Last).
     pub logits: Vec<f32>,
