@@ -702,6 +702,31 @@ fn run_layer_in(g: &Gpu, cfg: &ModelConfig, attn: &GlobalAttn, x: &[f32], calls:
     (out, rec)
 }
 
+/// Two selections of one query from different kernels (prefill and decode compute the index
+/// query and the scores with different kernels and summation orders): the same set and rank
+/// order, except among entries whose scores are within `tol` (relative to the largest) of each
+/// other, where either order (or, at the k-th place, either member) is the rule's. With the
+/// query rounded to bf16, an f32 difference across a rounding midpoint moves a score by up to
+/// a bf16 step (the H200's prefill GEMM and decode GEMV did: 0.30679 against 0.30638).
+fn same_ranking(a: &k31_engine::trace::Record, b: &k31_engine::trace::Record, tol: f32, what: &str) {
+    assert_eq!(a.positions.len(), b.positions.len(), "{what}: selection sizes differ");
+    let scale = a.scores.iter().fold(0f32, |m, s| m.max(s.abs())).max(f32::MIN_POSITIVE);
+    let near = |x: f32, y: f32| (x - y).abs() <= tol * scale;
+    let score_in = |r: &k31_engine::trace::Record, p: i32| r.positions.iter().position(|&x| x == p).map(|i| r.scores[i]);
+    let last = |r: &k31_engine::trace::Record| r.scores.last().copied().unwrap_or(0.0);
+    for (r, other) in [(a, b), (b, a)] {
+        for (&p, &sc) in r.positions.iter().zip(&r.scores) {
+            if score_in(other, p).is_none() {
+                assert!(near(sc, last(r)), "{what} select differently: {p} (score {sc}) is not at the k-th place (score {})", last(r));
+            }
+        }
+    }
+    for (i, (&pa, &pb)) in a.positions.iter().zip(&b.positions).enumerate() {
+        let (sa, sb) = (a.scores[i], score_in(a, pb).unwrap_or(b.scores[i]));
+        assert!(pa == pb || near(sa, sb), "{what} rank {i} differently: {pa} (score {sa}) vs {pb} (score {sb})");
+    }
+}
+
 /// The layer against the f64 reference with the indexer query in `precision` (the reference
 /// rounds q and the head weights likewise for Bf16): selections equal as sets, outputs within
 /// 1e-4, and prefill, token-by-token decode and mixed calls giving the same selections and
@@ -724,8 +749,10 @@ fn layer_matches_reference(precision: IndexPrecision) {
     for tok in 0..t {
         let sel_p = &rec_p.records[tok].positions;
         assert_eq!(sel_p.len(), k.min(tok + 1));
-        assert_eq!(sel_p, &rec_d.records[tok].positions, "{precision:?} token {tok}: prefill and decode select differently");
-        assert_eq!(sel_p, &rec_m.records[tok].positions, "{precision:?} token {tok}: mixed calls select differently");
+        // One bf16 step where the query is rounded to bf16, f32 rounding otherwise.
+        let tol = if precision == Bf16 { 1.0 / 256.0 } else { 1e-5 };
+        same_ranking(&rec_p.records[tok], &rec_d.records[tok], tol, &format!("{precision:?} token {tok}: prefill and decode"));
+        same_ranking(&rec_p.records[tok], &rec_m.records[tok], tol, &format!("{precision:?} token {tok}: prefill and mixed calls"));
         let mine: std::collections::BTreeSet<usize> = sel_p.iter().map(|&s| s as usize).collect();
         let theirs: std::collections::BTreeSet<usize> = traces[tok].selected.iter().copied().collect();
         assert_eq!(mine, theirs, "{precision:?} token {tok}: selection differs from the reference");
