@@ -132,13 +132,13 @@ impl Frame {
     }
 
     /// A storage buffer of `bytes` (rounded to words) for this forward: last forward's buffer
-    /// of that size at this point of the graph, or a new one. `recycled` says which, and is
-    /// false for a buffer whose last user may not be submitted yet (a queue write would land
-    /// before that work: the debug fill must skip it).
+    /// of that size at this point of the graph, or a new one, and whether the debug fill may
+    /// overwrite it: a recycled buffer whose last user was submitted (a queue write lands
+    /// before unsubmitted work).
     pub fn scratch(&mut self, device: &wgpu::Device, label: &str, bytes: u64) -> (wgpu::Buffer, bool) {
         let size = bytes.div_ceil(4).max(1) * 4;
         let submissions = self.submissions;
-        let (buf, recycled) = match self.free.get_mut(&size).and_then(|q| q.pop_front()) {
+        let (buf, fill) = match self.free.get_mut(&size).and_then(|q| q.pop_front()) {
             Some((b, returned)) => (b, returned.is_none_or(|at| submissions > at)),
             None => (
                 device.create_buffer(&wgpu::BufferDescriptor {
@@ -154,7 +154,7 @@ impl Frame {
             self.kept.push((size, buf.clone()));
         }
         self.out.push((size, buf.clone()));
-        (buf, recycled)
+        (buf, fill)
     }
 
     /// Marks the start of a scope (see [`Frame::end_scope`]).

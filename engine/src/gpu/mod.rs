@@ -212,9 +212,8 @@ impl Gpu {
     /// buffer holds the last forward's data; debug builds fill it with NaN so a kernel that
     /// reads before writing fails the tests). Use `storage` where zeros are needed.
     pub fn scratch(&self, label: &str, bytes: u64) -> wgpu::Buffer {
-        let (buf, recycled) = frame::with(self.id, |f| f.scratch(&self.device, label, bytes));
-        // (Only buffers whose last use is submitted: the write goes before unsubmitted work.)
-        if recycled && cfg!(debug_assertions) {
+        let (buf, fill) = frame::with(self.id, |f| f.scratch(&self.device, label, bytes));
+        if fill && cfg!(debug_assertions) {
             self.queue.write_buffer(&buf, 0, &vec![0xff; buf.size() as usize]);
         }
         buf
@@ -300,15 +299,14 @@ impl Gpu {
     /// A timestamp written once all earlier work on `enc` is done: inside the shared compute
     /// pass where the adapter has in-pass timestamps and passes are batched (so the mark does
     /// not split the pass, which would cost the GPU a pass boundary the unprofiled stream does
-    /// not have), else as the end stamp of an empty pass. Returns whether it went in the pass.
-    pub fn mark_timestamp(&self, enc: &mut wgpu::CommandEncoder, set: &wgpu::QuerySet, index: u32) -> bool {
+    /// not have), else as the end stamp of an empty pass.
+    pub fn mark_timestamp(&self, enc: &mut wgpu::CommandEncoder, set: &wgpu::QuerySet, index: u32) {
         if self.caps.timestamps_in_passes && mark_in_pass() && frame::with(self.id, |f| f.batching > 0) {
             self.in_shared_pass(enc, |pass| pass.write_timestamp(set, index));
-            return true;
+            return;
         }
         let ts = wgpu::ComputePassTimestampWrites { query_set: set, beginning_of_pass_write_index: None, end_of_pass_write_index: Some(index) };
         drop(self.begin_pass(enc, &wgpu::ComputePassDescriptor { label: Some("span mark"), timestamp_writes: Some(ts) }));
-        false
     }
 
     /// Records into `enc`'s shared compute pass, opening it if this thread has none open for
