@@ -10,7 +10,7 @@ use k31_engine::config::{Activation, ExpertFormat};
 use k31_engine::experts::{ExpertStore, ExpertWeights, SlotLayout};
 use k31_engine::gpu::{Gpu, GpuTensor};
 use k31_engine::layout::DType;
-use k31_engine::ops::{gemv, moe};
+use k31_engine::ops::{copy, gemv, moe};
 use k31_engine::reference;
 
 fn main() -> anyhow::Result<()> {
@@ -60,6 +60,47 @@ fn main() -> anyhow::Result<()> {
             let row = Row { name: format!("{} {name}", v.name), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
             row.print();
             rows.push(row);
+        }
+        // Cold: each timed GEMV reads one of m copies of W in turn (~4 GB in all), as a model
+        // reads each matrix once per token; the rows above repeat one matrix.
+        if n * k * 2 <= 512 << 20 {
+            let m = ((4usize << 30) / (n * k * 2)).clamp(2, 24);
+            let copies: Vec<GpuTensor> = (0..m).map(|_| GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)).collect::<Result<_, _>>()?;
+            let turn = std::cell::Cell::new(0usize);
+            warm_gpu(&gpu, 150, 4000)?;
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| {
+                let i = turn.get();
+                turn.set(i + 1);
+                gemv::gemv_into(&gpu, enc, &copies[i % m], &x, &y, None, false, prof)
+            })?;
+            let row = Row { name: format!("gemv cold ({m} copies in turn) {name}"), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
+            row.print();
+            rows.push(row);
+            // Probes of why: each copy's address translations warmed (`copy::page_touch`, one word
+            // per 64 KiB) in the same timed run just before its GEMV, or in the previous
+            // submission (untimed).
+            for ahead in [false, true] {
+                let t = time_gpu(&gpu, 5, 30, |enc, mut prof| {
+                    let i = turn.get();
+                    turn.set(i + 1);
+                    if !ahead {
+                        for c in &copies[i % m].chunks {
+                            copy::page_touch(&gpu, enc, &c.buffer, prof.as_deref_mut())?;
+                        }
+                    }
+                    gemv::gemv_into(&gpu, enc, &copies[i % m], &x, &y, None, false, prof)?;
+                    if ahead {
+                        for c in &copies[(i + 1) % m].chunks {
+                            copy::page_touch(&gpu, enc, &c.buffer, None)?;
+                        }
+                    }
+                    Ok(())
+                })?;
+                let what = if ahead { "pages read one call ahead" } else { "pages read first, timed" };
+                let row = Row { name: format!("gemv cold, {what} {name}"), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
+                row.print();
+                rows.push(row);
+            }
         }
         // Back to back as in a model's command stream (8 per submission, two copies of W in
         // turn so the previous GEMV's weights are not in L2), default kernel.

@@ -73,3 +73,26 @@ fn touch() {
         touch_sink[0] = touch0[0] + touch1[0] + touch2[0] + touch3[0];
     }
 }
+
+// Reads one word per page (`stride` words) of a buffer, so the GPU's address translations for
+// it are warm before a kernel streams it: benches/moe.rs shows that a GEMV whose first wave
+// touches ~90 cold 2 MiB pages at once stalls ~5 us on them (docs/perf.md). The workgroup
+// atomic (never read) keeps the loads.
+struct PageTouchParams {
+    words: u32,
+    stride: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> pt: PageTouchParams;
+@group(0) @binding(11) var<storage, read> pages: array<u32>;
+var<workgroup> pages_seen: atomic<u32>;
+
+@compute @workgroup_size(64)
+fn page_touch(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let at = gid.x * pt.stride;
+    if (at < pt.words) {
+        atomicOr(&pages_seen, pages[at]);
+    }
+}

@@ -22,7 +22,27 @@ shader_params!(
 );
 
 pub const TOUCH: Kernel = Kernel::new("touch", "copy", "touch");
-pub const KERNELS: &[Kernel] = &[COPY_VEC4, SPIN_FMA, TOUCH];
+pub const PAGE_TOUCH: Kernel = Kernel::new("page_touch", "copy", "page_touch");
+pub const KERNELS: &[Kernel] = &[COPY_VEC4, SPIN_FMA, TOUCH, PAGE_TOUCH];
+
+shader_params!(
+    /// Mirrors `PageTouchParams` in shaders/copy.wgsl.
+    PageTouchParams in "copy" { words: u32, stride: u32, _pad0: u32, _pad1: u32 }
+);
+
+/// Records a read of one word per 64 KiB (NVIDIA's smaller page size) of `buf`, bound whole,
+/// so that its pages' address translations are warm when a kernel streams it next: the
+/// GEMV benchmark's probe of what a cold matrix costs (docs/perf.md). Read-only bindings only.
+pub fn page_touch(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, buf: &wgpu::Buffer, prof: Option<&mut Profiler>) -> Result<(), GpuError> {
+    let words = buf.size() / 4;
+    let stride = (64u64 << 10) / 4;
+    if buf.size() > gpu.caps.max_binding || words > u32::MAX as u64 {
+        return Err(GpuError::Shape(format!("page_touch: a buffer of {} bytes exceeds one binding ({})", buf.size(), gpu.caps.max_binding)));
+    }
+    let reads = words.div_ceil(stride) as u32;
+    let params = PageTouchParams { words: words as u32, stride: stride as u32, ..Default::default() };
+    gpu.dispatch_grid(enc, &PAGE_TOUCH, &params, &[(11, buf)], [reads.div_ceil(64).max(1), 1, 1], prof)
+}
 
 /// Records one empty invocation that names `bufs` (one to four) read-only: their move to the
 /// read state happens at the barrier before it, so the dispatches after it that only read

@@ -64,6 +64,8 @@ pub fn all_params() -> Vec<ParamsLayout> {
     let mut v = vec![
         layout_of::<copy::CopyParams>(),
         layout_of::<copy::SpinParams>(),
+        layout_of::<copy::TouchParams>(),
+        layout_of::<copy::PageTouchParams>(),
         layout_of::<gemv::GemvParams>(),
         layout_of::<gemv::MultiParams>(),
         layout_of::<gemv::NormGemvParams>(),
