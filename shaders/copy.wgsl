@@ -75,9 +75,9 @@ fn touch() {
 }
 
 // Reads one word per page (`stride` words) of a buffer, so the GPU's address translations for
-// it are warm before a kernel streams it: benches/moe.rs shows that a GEMV whose first wave
-// touches ~90 cold 2 MiB pages at once stalls ~5 us on them (docs/perf.md). The workgroup
-// atomic (never read) keeps the loads.
+// it are warm before a kernel streams it: a GEMV whose first wave touches ~90 cold 2 MiB pages
+// at once stalls ~5 us on them (docs/perf.md). The workgroup atomic (never read) keeps the
+// loads.
 struct PageTouchParams {
     words: u32,
     stride: u32,

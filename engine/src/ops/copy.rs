@@ -31,8 +31,9 @@ shader_params!(
 );
 
 /// Records a read of one word per 64 KiB (NVIDIA's smaller page size) of `buf`, bound whole,
-/// so that its pages' address translations are warm when a kernel streams it next: the
-/// GEMV benchmark's probe of what a cold matrix costs (docs/perf.md). Read-only bindings only.
+/// so that its pages' address translations are warm when a kernel streams it next (the KDA
+/// layer's o_proj in decode; the GEMV benchmark's probe of what a cold matrix costs,
+/// docs/perf.md). Read-only bindings only, so it adds no barrier and runs beside other work.
 pub fn page_touch(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, buf: &wgpu::Buffer, prof: Option<&mut Profiler>) -> Result<(), GpuError> {
     let words = buf.size() / 4;
     let stride = (64u64 << 10) / 4;
