@@ -98,6 +98,8 @@ pub fn generate(
     let t0 = Instant::now();
     let mut logits = Vec::new();
     for chunk in prompt.chunks(PREFILL_CHUNK) {
+        // The map reborrows the sink shorter (`as_deref_mut` keeps its lifetime: no compile).
+        #[allow(clippy::option_as_ref_deref)]
         let mut hooks = Hooks { sink: opts.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }), diagnostics: opts.diagnostics, profiler: opts.profiler.as_deref_mut() };
         let f = model.forward(session, chunk, LogitsFor::Last, &mut hooks)?;
         diagnostics.extend(f.diagnostics);
@@ -129,6 +131,8 @@ pub fn generate(
             break StopReason::ContextFull;
         }
         let t = Instant::now();
+        // The map reborrows the sink shorter (`as_deref_mut` keeps its lifetime: no compile).
+        #[allow(clippy::option_as_ref_deref)]
         let mut hooks = Hooks { sink: opts.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }), diagnostics: opts.diagnostics, profiler: opts.profiler.as_deref_mut() };
         let f = model.forward(session, &[next], LogitsFor::Last, &mut hooks)?;
         decode_time += t.elapsed();

@@ -38,6 +38,8 @@ pub trait FeedForward: Send + Sync {
     ) -> Result<(), GpuError>;
 }
 
+// A few hundred bytes either way, one per layer: not worth a box.
+#[allow(clippy::large_enum_variant)]
 pub enum MixerWeights {
     Kda(KdaLayer),
     Global(GlobalAttn),
@@ -107,7 +109,7 @@ pub struct Hooks<'a> {
 fn submit_after(l: usize) -> bool {
     static N: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     let n = *N.get_or_init(|| std::env::var("K31_LAYERS_PER_SUBMIT").ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(LAYERS_PER_SUBMIT));
-    l == 0 || (l + 1) % n == 0
+    l == 0 || (l + 1).is_multiple_of(n)
 }
 const LAYERS_PER_SUBMIT: usize = 4;
 
@@ -286,6 +288,9 @@ impl Model {
                 }
                 MixerWeights::Global(ga) => {
                     let cache = session.global_cache(l)?;
+                    // `as_deref_mut` would keep the sink's trait-object lifetime (invariant
+                    // behind &mut) and not compile; the map reborrows it shorter.
+                    #[allow(clippy::option_as_ref_deref)]
                     let mut opts = ForwardOptions {
                         sink: hooks.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }),
                         diagnostics: hooks.diagnostics,

@@ -893,7 +893,9 @@ fn topk_impl(
         (true, false) => TOPK_SMALL8_SG,
         (false, false) => TOPK_SMALL8_SET_SG,
     };
-    let steps: Vec<(Kernel, Vec<(u32, &wgpu::Buffer)>, u32)> = if small {
+    // (kernel, bindings, workgroups along x) per dispatch.
+    type Step<'b> = (Kernel, Vec<(u32, &'b wgpu::Buffer)>, u32);
+    let steps: Vec<Step> = if small {
         vec![(small_kernel, vec![(0, &u), (1, scores), (5, list), (6, sel), (7, sel_score)], 1)]
     } else {
         vec![

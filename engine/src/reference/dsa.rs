@@ -76,11 +76,11 @@ pub fn sparse_mla(d: &Dims, q: &[f32], cache: &[f32], wkv: &[f32], sel: &[usize]
             let pe = &cache[s * width + d.latent..(s + 1) * width];
             let base = h * (d.nope + d.v_dim);
             let mut l = 0f64;
-            for i in 0..d.nope {
-                l += qh[i] as f64 * proj(base + i, cs);
+            for (i, q) in qh[..d.nope].iter().enumerate() {
+                l += *q as f64 * proj(base + i, cs);
             }
-            for i in 0..d.rope {
-                l += qh[d.nope + i] as f64 * pe[i] as f64;
+            for (q, p) in qh[d.nope..d.nope + d.rope].iter().zip(pe) {
+                l += *q as f64 * *p as f64;
             }
             logits.push(l * d.scale);
             values.push((0..d.v_dim).map(|v| proj(base + d.nope + v, cs)).collect::<Vec<f64>>());

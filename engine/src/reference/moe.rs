@@ -54,6 +54,7 @@ pub fn matvec(w: &[f32], rows: usize, cols: usize, x: &[f32]) -> Vec<f64> {
 }
 
 /// One gated MLP: w2 act(w1 x, w3 x); w1, w3 [mid, n], w2 [n_out, mid].
+#[allow(clippy::too_many_arguments)]
 pub fn mlp(act: Activation, w1: &[f32], w3: &[f32], w2: &[f32], n: usize, mid: usize, n_out: usize, x: &[f32]) -> Vec<f64> {
     let g = matvec(w1, mid, n, x);
     let u = matvec(w3, mid, n, x);
