@@ -153,6 +153,15 @@ fn oversized_binding_is_an_error() {
     k31_engine::ops::copy::copy(&g, &mut enc, &x, &out, 256, None).expect("copy of 256 bytes");
     g.flush(&mut enc);
     assert_eq!(g.read::<f32>(&out, 64).unwrap(), head);
+    // The page touch binds its buffer whole: past one binding it is refused, naming both sizes;
+    // within one it records (read-only) and leaves the data as it was.
+    let mut enc = g.device.create_command_encoder(&Default::default());
+    let err = k31_engine::ops::copy::page_touch(&g, &mut enc, &x, None).expect_err("page touch past one binding");
+    assert!(err.to_string().contains(&format!("{} bytes exceeds one binding ({})", n * 4, g.caps.max_binding)), "{err}");
+    let small = g.storage_from("touched", &head);
+    k31_engine::ops::copy::page_touch(&g, &mut enc, &small, None).expect("page touch of 256 bytes");
+    g.flush(&mut enc);
+    assert_eq!(g.read::<f32>(&small, 64).unwrap(), head);
 }
 
 /// Prewarming builds, on several threads at once, exactly the kernels the adapter runs and

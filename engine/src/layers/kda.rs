@@ -282,6 +282,7 @@ impl KdaLayer {
         if one_dispatch {
             let fb = kda::GateLowRank { w_fb: &self.f_b, f_a: &fa };
             kda::decode_gated(gpu, enc, g, st.pos, &inp, fb, &st.ring, &st.state, &gl, &self.o_norm, &y, prof.as_deref_mut())?;
+            touch_pages(gpu, enc, &self.o_proj)?;
         } else {
             let o = buf("kda o", t_len * p);
             if t_len == 1 {
@@ -294,9 +295,6 @@ impl KdaLayer {
             }
             kda::gated_norm(gpu, enc, g, t_len, &o, &gl, &self.o_norm, &y, prof.as_deref_mut())?;
         }
-        if t_len == 1 {
-            touch_pages(gpu, enc, &self.o_proj)?;
-        }
         linear(gpu, enc, &self.o_proj, t_len, &y, out, prof)?;
         st.pos += t_len as u64;
         Ok(())
@@ -307,8 +305,8 @@ impl KdaLayer {
 /// forward's GEMV streams it: each matrix is read once per token, the model's weights far
 /// exceed what the GPU's translation caches hold, and a GEMV whose single wave of workgroups
 /// starts on all of a 176 MB matrix's pages at once stalled ~5 us on page walks (H200,
-/// docs/perf.md). Recorded right after the recurrence (latency-bound, few pages of its own) it
-/// runs beside it: o_proj then took ~2.7 us less per KDA layer. The same beside the global
+/// docs/perf.md). Recorded right after the fused recurrence (latency-bound, ~19 us, few pages
+/// of its own) it runs beside it: o_proj then took ~2.7 us less per KDA layer. The same beside the global
 /// layer's merge, or beside streaming kernels, cost more than it saved. `K31_PAGE_TOUCH=0`
 /// turns it off (experiments).
 fn touch_pages(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, w: &GpuTensor) -> Result<(), GpuError> {
