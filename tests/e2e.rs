@@ -30,6 +30,10 @@ fn argmax(row: &[f32]) -> u32 {
     k31_engine::sample::argmax(row).expect("finite logits")
 }
 
+/// The whole model in f32 against the f64 reference that stores its caches as the engine does:
+/// the reference in f32 is 7e-6 from it (tests/golden/README.md), an f32 engine should be too.
+const BF16_CACHE_TOLERANCE: f64 = 5e-5;
+
 /// Full forward, prefill-then-decode, and greedy continuation against one golden file.
 fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
     let Some(model) = load(&format!("{dir}/model")) else { return };
@@ -41,10 +45,16 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
     let mut s = model.new_session().expect("session");
     let full = model.forward(&mut s, &ids, LogitsFor::All, &mut Hooks::default()).expect("full forward").logits;
     let e = rel_l2(&full, &golden::get(&want, "logits_full").1);
-    // k31_tiny sits at 9.8e-4: its bf16 latent cache against the f64 reference's unrounded one
-    // (7.4e-6 once the reference rounds it too; tools/reference/cache_rounding.py).
+    // k31_tiny sits at 9.8e-4 here: the engine stores its caches in bf16 (spec 5.5), the f64
+    // reference of these logits does not; against the same reference storing them in bf16
+    // (the `_bf16_caches` logits below) it agrees to f32 rounding.
     eprintln!("{dir}: full logits rel L2 {e:.2e}");
     assert!(e <= 1e-3, "{dir}: full logits rel L2 {e}");
+    if let Some((_, want_b)) = want.get("logits_full_bf16_caches") {
+        let e = rel_l2(&full, want_b);
+        eprintln!("{dir}: full logits rel L2 {e:.2e} against the reference with bf16 caches");
+        assert!(e <= BF16_CACHE_TOLERANCE, "{dir}: full logits rel L2 {e} against the reference with bf16 caches");
+    }
 
     let mut s = model.new_session().expect("session");
     let mut inc = model.forward(&mut s, &ids[..split], LogitsFor::All, &mut Hooks::default()).expect("prefill").logits;
@@ -54,6 +64,11 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
     let e = rel_l2(&inc, &golden::get(&want, "logits_incremental").1);
     eprintln!("{dir}: incremental logits rel L2 {e:.2e}");
     assert!(e <= 1e-3, "{dir}: incremental logits rel L2 {e}");
+    if let Some((_, want_b)) = want.get("logits_incremental_bf16_caches") {
+        let e = rel_l2(&inc, want_b);
+        eprintln!("{dir}: incremental logits rel L2 {e:.2e} against the reference with bf16 caches");
+        assert!(e <= BF16_CACHE_TOLERANCE, "{dir}: incremental logits rel L2 {e} against the reference with bf16 caches");
+    }
 
     // Greedy: continue after the whole sequence.
     let want_tokens: Vec<u32> = golden::load_int_tensors(&file)["greedy_tokens"].1.iter().map(|&v| v as u32).collect();

@@ -273,6 +273,18 @@ def make_mxfp4(out):
 # -------------------------------------------------------------------------------------- whole models
 
 
+def with_bf16_caches(run):
+    """run() with every cache append (MLA latent c, k_pe and index keys: `model._cat`'s only
+    callers) rounded to bf16 first, as spec 5.5 stores them."""
+    import k31ref.model as M
+    orig = M._cat
+    M._cat = lambda a, b: orig(a, b.to(BF16).to(b.dtype))
+    try:
+        return run()
+    finally:
+        M._cat = orig
+
+
 def make_k31_tiny(out):
     tc = randinit.tiny_text_config(vocab_size=512, index_topk=TINY_TOPK)
     w = randinit.random_k31_weights(tc, TINY_SEED)
@@ -286,13 +298,19 @@ def make_k31_tiny(out):
     dec = m.logits_incremental(ids, 1)
     steps = []
     toks, glog = m.greedy(ids, TINY_GREEDY, steps)
+    # The same runs with the caches stored as the spec stores them (MLA latent c | k_pe and
+    # index keys in bf16): an engine that follows the spec matches these to f32 rounding,
+    # where the unrounded logits above sit ~1e-3 away.
+    full_bf16, inc_bf16 = with_bf16_caches(lambda: (m.forward(ids), m.logits_incremental(ids, TINY_PREFILL)))
     t = {"input_ids": ids, "logits_full": full, "logits_incremental": inc, "logits_decode_only": dec,
          "greedy_tokens": torch.tensor(toks), "greedy_logits": glog, "output.hidden": rec["output.hidden"],
-         "output.attn_res_alpha": rec["output.attn_res_alpha"]}
+         "output.attn_res_alpha": rec["output.attn_res_alpha"],
+         "logits_full_bf16_caches": full_bf16, "logits_incremental_bf16_caches": inc_bf16}
     meta = {"config": "k31_tiny/model/config.json", "seq_len": TINY_SEQ, "prefill": TINY_PREFILL,
             "greedy_steps": TINY_GREEDY, "index_topk": TINY_TOPK, "clear_rel_gap": CLEAR_REL_GAP,
             "max_abs_full_minus_incremental": float((full - inc).abs().max()),
-            "max_abs_full_minus_decode_only": float((full - dec).abs().max()), "layers": {}}
+            "max_abs_full_minus_decode_only": float((full - dec).abs().max()),
+            "rel_l2_bf16_caches_vs_unrounded": float((full_bf16 - full).norm() / full.norm()), "layers": {}}
     cfg = m.cfg
     for l in range(cfg.num_layers):
         p = f"layers.{l}."
