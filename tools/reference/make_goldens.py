@@ -372,9 +372,14 @@ def make_kimi_linear(out):
     m = Model.load(d / "model", F64)
     full = m.logits_full(ref["input_ids"])
     rel = float((full - ref["logits_full"].to(F64)).abs().max() / ref["logits_full"].abs().max())
+    # Ours again with the MLA cache stored in bf16 as the engine stores it (see make_k31_tiny).
+    ids = ref["input_ids"]
+    full_b, inc_b = with_bf16_caches(lambda: (m.logits_full(ids), m.logits_incremental(ids, 13)))
+    save(d / "k31ref_bf16_caches.safetensors", {"logits_full_bf16_caches": full_b, "logits_incremental_bf16_caches": inc_b})
     meta = {"prefill": 13, "seq_len": int(ref["input_ids"].numel()),
             "greedy_tokens": ref["greedy_tokens"].tolist(),
-            "k31ref_f64_vs_transformers_full_logits_rel": float(f"{rel:.2e}")}
+            "k31ref_f64_vs_transformers_full_logits_rel": float(f"{rel:.2e}"),
+            "k31ref_bf16_caches_vs_transformers_full_logits_rel_l2": float(f"{float((full_b - ref['logits_full'].to(F64)).norm() / ref['logits_full'].norm()):.2e}")}
     write_json(d / "outputs.json", meta)
     return meta
 
