@@ -31,8 +31,10 @@ fn argmax(row: &[f32]) -> u32 {
 }
 
 /// The whole model in f32 against the f64 reference that stores its caches as the engine does:
-/// the reference in f32 is 7e-6 from it (tests/golden/README.md), an f32 engine should be too.
-const BF16_CACHE_TOLERANCE: f64 = 5e-5;
+/// the reference in f32 is 7e-6 from it (tests/golden/README.md) and the engine on lavapipe
+/// 7e-6 / 1.1e-5; the margin is for adapters whose kernels round differently (the tensor-core
+/// GEMMs, ~8e-7 per op). A 3e-5 change in one activation reads 2.3e-4 here.
+const BF16_CACHE_TOLERANCE: f64 = 1e-4;
 
 /// Full forward, prefill-then-decode, and greedy continuation against one golden file.
 fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
