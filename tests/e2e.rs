@@ -77,6 +77,19 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
         assert!(e <= BF16_CACHE_TOLERANCE, "{dir}: incremental logits rel L2 {e} against the reference with bf16 caches");
     }
 
+    // Every token alone from an empty cache (decode kernels at every position, the dense rows
+    // below index_topk included), where the golden has it.
+    if let Some((_, want_b)) = want.get("logits_decode_only_bf16_caches") {
+        let mut s = model.new_session().expect("session");
+        let mut dec = Vec::new();
+        for &id in &ids {
+            dec.extend(model.forward(&mut s, &[id], LogitsFor::Last, &mut Hooks::default()).expect("decode").logits);
+        }
+        let e = rel_l2(&dec, want_b);
+        eprintln!("{dir}: decode-only logits rel L2 {e:.2e} against the reference with bf16 caches");
+        assert!(e <= BF16_CACHE_TOLERANCE, "{dir}: decode-only logits rel L2 {e} against the reference with bf16 caches");
+    }
+
     // Greedy: continue after the whole sequence.
     let want_tokens: Vec<u32> = golden::load_int_tensors(&file)["greedy_tokens"].1.iter().map(|&v| v as u32).collect();
     let mut last = full[(ids.len() - 1) * vocab..].to_vec();

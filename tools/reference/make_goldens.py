@@ -301,11 +301,13 @@ def make_k31_tiny(out):
     # The same runs with the caches stored as the spec stores them (MLA latent c | k_pe and
     # index keys in bf16): an engine that follows the spec matches these to f32 rounding,
     # where the unrounded logits above sit ~1e-3 away.
-    full_bf16, inc_bf16 = with_bf16_caches(lambda: (m.forward(ids), m.logits_incremental(ids, TINY_PREFILL)))
+    full_bf16, inc_bf16, dec_bf16 = with_bf16_caches(
+        lambda: (m.forward(ids), m.logits_incremental(ids, TINY_PREFILL), m.logits_incremental(ids, 1)))
     t = {"input_ids": ids, "logits_full": full, "logits_incremental": inc, "logits_decode_only": dec,
          "greedy_tokens": torch.tensor(toks), "greedy_logits": glog, "output.hidden": rec["output.hidden"],
          "output.attn_res_alpha": rec["output.attn_res_alpha"],
-         "logits_full_bf16_caches": full_bf16, "logits_incremental_bf16_caches": inc_bf16}
+         "logits_full_bf16_caches": full_bf16, "logits_incremental_bf16_caches": inc_bf16,
+         "logits_decode_only_bf16_caches": dec_bf16}
     meta = {"config": "k31_tiny/model/config.json", "seq_len": TINY_SEQ, "prefill": TINY_PREFILL,
             "greedy_steps": TINY_GREEDY, "index_topk": TINY_TOPK, "clear_rel_gap": CLEAR_REL_GAP,
             "max_abs_full_minus_incremental": float((full - inc).abs().max()),
