@@ -37,7 +37,9 @@ fn argmax(row: &[f32]) -> u32 {
 const BF16_CACHE_TOLERANCE: f64 = 1e-4;
 
 /// Full forward, prefill-then-decode, and greedy continuation against one golden file.
-fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
+/// `unrounded`: the tolerance against logits whose reference kept its caches unrounded (None
+/// where the bf16 caches flip sparse selections there, as in k31_awkward: 1.5e-2 apart).
+fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize, unrounded: Option<f64>) {
     let Some(model) = load(&format!("{dir}/model")) else { return };
     let file = format!("{dir}/{outputs}");
     let mut want = golden::load_tensors(&file);
@@ -56,7 +58,9 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
     // reference of these logits does not; against the same reference storing them in bf16
     // (the `_bf16_caches` logits below) it agrees to f32 rounding.
     eprintln!("{dir}: full logits rel L2 {e:.2e}");
-    assert!(e <= 1e-3, "{dir}: full logits rel L2 {e}");
+    if let Some(tol) = unrounded {
+        assert!(e <= tol, "{dir}: full logits rel L2 {e}");
+    }
     if let Some((_, want_b)) = want.get("logits_full_bf16_caches") {
         let e = rel_l2(&full, want_b);
         eprintln!("{dir}: full logits rel L2 {e:.2e} against the reference with bf16 caches");
@@ -70,7 +74,9 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
     }
     let e = rel_l2(&inc, &golden::get(&want, "logits_incremental").1);
     eprintln!("{dir}: incremental logits rel L2 {e:.2e}");
-    assert!(e <= 1e-3, "{dir}: incremental logits rel L2 {e}");
+    if let Some(tol) = unrounded {
+        assert!(e <= tol, "{dir}: incremental logits rel L2 {e}");
+    }
     if let Some((_, want_b)) = want.get("logits_incremental_bf16_caches") {
         let e = rel_l2(&inc, want_b);
         eprintln!("{dir}: incremental logits rel L2 {e:.2e} against the reference with bf16 caches");
@@ -105,12 +111,21 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize) {
 
 #[test]
 fn k31_tiny_matches_the_reference() {
-    check_model("k31_tiny", "outputs.safetensors", 20, 16);
+    check_model("k31_tiny", "outputs.safetensors", 20, 16, Some(1e-3));
+}
+
+/// Other shapes than k31_tiny (tests/golden/README.md): KDA heads of 64, MLA 3 heads with a
+/// 96-wide latent and values of 24, an indexer picking 8 of 100 positions, AttnRes blocks of 2,
+/// group-limited routing (top-3 of 12 experts in 3 groups, 2 kept), a prefill crossing a
+/// 64-token chunk.
+#[test]
+fn k31_awkward_matches_the_reference() {
+    check_model("k31_awkward", "outputs.safetensors", 70, 8, None);
 }
 
 #[test]
 fn kimi_linear_matches_transformers() {
-    check_model("kimi_linear_tiny", "hf_outputs.safetensors", 13, 12);
+    check_model("kimi_linear_tiny", "hf_outputs.safetensors", 13, 12, Some(1e-3));
 }
 
 #[test]

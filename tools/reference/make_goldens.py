@@ -361,6 +361,59 @@ def make_k31_tiny(out):
     return meta
 
 
+AWK_SEED = 5003  # scanned (5000-5079): indexer boundaries clear by >= 3.5e-4 of the row max, router by 8.7e-4
+AWK_SEQ, AWK_PREFILL, AWK_GREEDY, AWK_TOPK = 100, 70, 8, 8
+
+
+def awkward_text_config():
+    """A second K3.1-layout model with other shapes than k31_tiny: KDA 3 heads x 64, MLA 3 heads with
+    kv_lora 96 / v 24, indexer 4 x 32 picking 8, AttnRes blocks of 2, 12 experts top-3 in 3 groups
+    (2 kept), routed scaling 2.5, one shared expert; 100 tokens, so prefill crosses a 64-token chunk."""
+    c = randinit.tiny_text_config(vocab_size=512, index_topk=AWK_TOPK)
+    c.update({"hidden_size": 192, "num_hidden_layers": 6, "intermediate_size": 384,
+              "num_experts": 12, "num_experts_per_token": 3, "num_shared_experts": 1,
+              "moe_intermediate_size": 96, "routed_expert_hidden_size": 64,
+              "num_expert_group": 3, "topk_group": 2, "routed_scaling_factor": 2.5,
+              "num_attention_heads": 3, "num_key_value_heads": 3, "q_lora_rank": 64, "kv_lora_rank": 96,
+              "qk_nope_head_dim": 16, "qk_rope_head_dim": 16, "v_head_dim": 24,
+              "index_n_heads": 4, "index_head_dim": 32, "attn_res_block_size": 2})
+    c["linear_attn_config"] = dict(c["linear_attn_config"], num_heads=3, head_dim=64,
+                                   full_attn_layers=[3, 6], kda_layers=[1, 2, 4, 5])
+    return c
+
+
+def make_k31_awkward(out):
+    """Logits only, every run with the caches stored in bf16 as the engine stores them (the unrounded
+    full / incremental logits too, for the record)."""
+    tc = awkward_text_config()
+    mdir = out / "k31_awkward" / "model"
+    randinit.save_k31_checkpoint(mdir, tc, randinit.random_k31_weights(tc, AWK_SEED))
+    m = Model.load(mdir, F64)
+    ids = torch.randint(0, tc["vocab_size"], (AWK_SEQ,), generator=gen(AWK_SEED + 1))
+    full = m.forward(ids)
+    inc = m.logits_incremental(ids, AWK_PREFILL)
+    rec = {}
+    full_b, inc_b, dec_b, (toks, glog) = with_bf16_caches(lambda: (
+        m.forward(ids, None, rec), m.logits_incremental(ids, AWK_PREFILL), m.logits_incremental(ids, 1),
+        m.greedy(ids, AWK_GREEDY)))
+    t = {"input_ids": ids, "logits_full": full, "logits_incremental": inc, "logits_full_bf16_caches": full_b,
+         "logits_incremental_bf16_caches": inc_b, "logits_decode_only_bf16_caches": dec_b,
+         "greedy_tokens": torch.tensor(toks), "greedy_logits": glog}
+    gaps = {}
+    for l in range(m.cfg.num_layers):
+        p = f"layers.{l}."
+        if p + "router.gap" in rec:
+            gaps[p + "router_min_gap"] = float(rec[p + "router.gap"].min())
+    srt = torch.sort(glog, dim=-1, descending=True).values
+    meta = {"config": "k31_awkward/model/config.json", "seed": AWK_SEED, "seq_len": AWK_SEQ, "prefill": AWK_PREFILL,
+            "greedy_steps": AWK_GREEDY, "greedy_tokens": toks, "index_topk": AWK_TOPK,
+            "greedy_min_top1_top2_gap": float((srt[:, 0] - srt[:, 1]).min()),
+            "rel_l2_bf16_caches_vs_unrounded": float((full_b - full).norm() / full.norm()), **gaps}
+    save(out / "k31_awkward" / "outputs.safetensors", t)
+    write_json(out / "k31_awkward" / "outputs.json", meta)
+    return meta
+
+
 def make_kimi_linear(out):
     d = out / "kimi_linear_tiny"
     if d.exists():
@@ -399,6 +452,7 @@ def generate(out: Path):
         index.update(fn(out))
     write_json(out / "ops" / "index.json", index)
     make_k31_tiny(out)
+    make_k31_awkward(out)
     make_kimi_linear(out)
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != "MANIFEST.json" and p.suffix != ".md")
     write_json(out / "MANIFEST.json", {str(p.relative_to(out)): {"sha256": sha256(p), "bytes": p.stat().st_size}
