@@ -1,6 +1,6 @@
 """Build, save and run a tiny transformers `KimiLinearForCausalLM` (the independent Kimi Linear oracle).
 
-    python hf_kimi_linear.py OUT_DIR [--seed N]
+    python hf_kimi_linear.py OUT_DIR [--seed N] [--variant tiny|awkward]
 
 writes OUT_DIR/model/ (save_pretrained: config.json + model.safetensors, bf16-valued weights) and
 OUT_DIR/hf_outputs.safetensors with transformers' own fp32 results for the fixed token sequence:
@@ -26,6 +26,27 @@ from safetensors.torch import save_file
 SEQ_LEN, PREFILL, N_GREEDY = 40, 13, 12
 
 
+def awkward_config_dict():
+    """Other shapes than `tiny`: KDA 3 heads x 64, MLA 3 heads (kv_lora 32, nope 16, rope 16, v 16), two
+    full-attention layers, 6 experts top-2 in 2 groups (1 kept), moe_intermediate 48, hidden 96."""
+    return dict(
+        vocab_size=512, hidden_size=96, intermediate_size=160, moe_intermediate_size=48,
+        num_hidden_layers=5, num_attention_heads=3, num_key_value_heads=3,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse"],
+        linear_num_heads=3, linear_head_dim=64, linear_conv_kernel_dim=4,
+        q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+        num_local_experts=6, num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1,
+        norm_topk_prob=True, routed_scaling_factor=1.5, hidden_act="silu", rms_norm_eps=1e-5,
+        tie_word_embeddings=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+    )
+
+
+# variant -> (config, sequence length, prefill, greedy steps)
+VARIANTS = {"tiny": (lambda: tiny_config_dict(), SEQ_LEN, PREFILL, N_GREEDY),
+            "awkward": (lambda: awkward_config_dict(), 70, 45, 8)}
+
+
 def tiny_config_dict():
     return dict(
         vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -40,9 +61,9 @@ def tiny_config_dict():
     )
 
 
-def token_ids(vocab, seed=2024):
+def token_ids(vocab, seq_len, seed=2024):
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (SEQ_LEN,), generator=g)
+    return torch.randint(0, vocab, (seq_len,), generator=g)
 
 
 def init_weights(model, seed):
@@ -78,7 +99,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--seed", type=int, default=31)
+    ap.add_argument("--variant", choices=sorted(VARIANTS), default="tiny")
     args = ap.parse_args()
+    config_dict, seq_len, prefill, n_greedy = VARIANTS[args.variant]
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
 
@@ -86,7 +109,7 @@ def main():
     from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
     out = Path(args.out)
-    cfg = KimiLinearConfig(**tiny_config_dict())
+    cfg = KimiLinearConfig(**config_dict())
     torch.manual_seed(args.seed)
     model = KimiLinearForCausalLM(cfg).to(torch.float32)
     init_weights(model, args.seed)
@@ -100,14 +123,14 @@ def main():
 
     m = KimiLinearForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     m.eval()
-    ids = token_ids(cfg.vocab_size)
+    ids = token_ids(cfg.vocab_size, seq_len)
     res = {"input_ids": ids.clone()}
     with torch.no_grad():
         res["logits_full"] = m(input_ids=ids[None], use_cache=False).logits[0].float()
-        o = m(input_ids=ids[None, :PREFILL], use_cache=True)
+        o = m(input_ids=ids[None, :prefill], use_cache=True)
         cache = o.past_key_values
         rows = [o.logits[0]]
-        for t in range(PREFILL, SEQ_LEN):
+        for t in range(prefill, seq_len):
             o = m(input_ids=ids[None, t:t + 1], past_key_values=cache, use_cache=True)
             cache = o.past_key_values
             rows.append(o.logits[0])
@@ -115,11 +138,11 @@ def main():
         o = m(input_ids=ids[None], use_cache=True)
         cache, last = o.past_key_values, o.logits[0, -1]
         toks, glog = [], []
-        for i in range(N_GREEDY):
+        for i in range(n_greedy):
             glog.append(last.clone())
             t = int(torch.argmax(last))
             toks.append(t)
-            if i + 1 < N_GREEDY:
+            if i + 1 < n_greedy:
                 o = m(input_ids=torch.tensor([[t]]), past_key_values=cache, use_cache=True)
                 cache, last = o.past_key_values, o.logits[0, -1]
         res["greedy_tokens"] = torch.tensor(toks, dtype=torch.int64)
@@ -128,8 +151,8 @@ def main():
     save_file(res, str(out / "hf_outputs.safetensors"),
               # one metadata key: safetensors writes multi-key metadata in hash order (not reproducible)
               metadata={"info": json.dumps({"transformers": transformers.__version__,
-                                            "torch": torch.__version__.split("+")[0], "prefill": PREFILL,
-                                            "seq_len": SEQ_LEN}, sort_keys=True)})
+                                            "torch": torch.__version__.split("+")[0], "prefill": prefill,
+                                            "seq_len": seq_len}, sort_keys=True)})
     print(json.dumps({"ok": True, "transformers": transformers.__version__}))
 
 

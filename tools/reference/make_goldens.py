@@ -439,6 +439,38 @@ def make_kimi_linear(out):
     return meta
 
 
+def make_kimi_linear_awkward(out):
+    """transformers' Kimi Linear at other shapes (hf_kimi_linear.py --variant awkward: KDA 3 heads x 64, MLA 3
+    heads with kv_lora 32 and v 16, group-limited routing, two full-attention layers, 70 tokens), with k31ref's
+    logits under bf16 caches beside transformers' (the engine's comparison; transformers' fp32-cache logits sit
+    1.1e-3 from them)."""
+    d = out / "kimi_linear_awkward"
+    if d.exists():
+        shutil.rmtree(d)
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    subprocess.run([sys.executable, str(HERE / "hf_kimi_linear.py"), str(d), "--variant", "awkward"], check=True,
+                   env=env, capture_output=True)
+    from safetensors.torch import load_file
+    ref = load_file(str(d / "hf_outputs.safetensors"))
+    m = Model.load(d / "model", F64)
+    ids = ref["input_ids"]
+    from safetensors import safe_open
+    with safe_open(str(d / "hf_outputs.safetensors"), "pt") as f:
+        prefill = json.loads(f.metadata()["info"])["prefill"]
+    full = m.logits_full(ids)
+    rel = float((full - ref["logits_full"].to(F64)).abs().max() / ref["logits_full"].abs().max())
+    full_b, inc_b, dec_b = with_bf16_caches(
+        lambda: (m.logits_full(ids), m.logits_incremental(ids, prefill), m.logits_incremental(ids, 1)))
+    save(d / "k31ref_bf16_caches.safetensors", {"logits_full_bf16_caches": full_b,
+                                                "logits_incremental_bf16_caches": inc_b,
+                                                "logits_decode_only_bf16_caches": dec_b})
+    meta = {"prefill": prefill, "seq_len": int(ids.numel()), "greedy_tokens": ref["greedy_tokens"].tolist(),
+            "k31ref_f64_vs_transformers_full_logits_rel": float(f"{rel:.2e}"),
+            "k31ref_bf16_caches_vs_transformers_full_logits_rel_l2": float(f"{float((full_b - ref['logits_full'].to(F64)).norm() / ref['logits_full'].norm()):.2e}")}
+    write_json(d / "outputs.json", meta)
+    return meta
+
+
 def sha256(p):
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
@@ -454,6 +486,7 @@ def generate(out: Path):
     make_k31_tiny(out)
     make_k31_awkward(out)
     make_kimi_linear(out)
+    make_kimi_linear_awkward(out)
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != "MANIFEST.json" and p.suffix != ".md")
     write_json(out / "MANIFEST.json", {str(p.relative_to(out)): {"sha256": sha256(p), "bytes": p.stat().st_size}
                                        for p in files})
