@@ -31,9 +31,11 @@ fn argmax(row: &[f32]) -> u32 {
 }
 
 /// The whole model in f32 against the f64 reference that stores its caches as the engine does:
-/// the reference in f32 is 7e-6 from it (tests/golden/README.md) and the engine on lavapipe
-/// 7e-6 / 1.1e-5; the margin is for adapters whose kernels round differently (the tensor-core
-/// GEMMs, ~8e-7 per op). A 3e-5 change in one activation reads 2.3e-4 here.
+/// the reference in f32 is 3e-6 from it on k31_tiny (tests/golden/README.md) and the engine on
+/// lavapipe 7e-6 / 1.1e-5; the margin is for adapters whose kernels round differently (the
+/// tensor-core GEMMs, ~8e-7 per op). A 3e-5 change in one activation reads 2.3e-4 here. Models
+/// that amplify rounding more say so in their outputs.json (`rel_l2_f32_reference_vs_f64_bf16_caches`,
+/// what the reference itself moves in f32): they get four times that.
 const BF16_CACHE_TOLERANCE: f64 = 1e-4;
 
 /// Full forward, prefill-then-decode, and greedy continuation against one golden file.
@@ -48,6 +50,9 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize, unro
     if extra.exists() {
         want.extend(golden::load_tensors(&extra));
     }
+    let meta = golden_dir().join(dir).join("outputs.json");
+    let f32_reference = if meta.exists() { golden::load_json(&meta)["rel_l2_f32_reference_vs_f64_bf16_caches"].as_f64() } else { None };
+    let bf16_tolerance = f32_reference.map_or(BF16_CACHE_TOLERANCE, |r| BF16_CACHE_TOLERANCE.max(4.0 * r));
     let ids = ids_of(&file);
     let vocab = model.config.vocab_size;
 
@@ -64,7 +69,7 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize, unro
     if let Some((_, want_b)) = want.get("logits_full_bf16_caches") {
         let e = rel_l2(&full, want_b);
         eprintln!("{dir}: full logits rel L2 {e:.2e} against the reference with bf16 caches");
-        assert!(e <= BF16_CACHE_TOLERANCE, "{dir}: full logits rel L2 {e} against the reference with bf16 caches");
+        assert!(e <= bf16_tolerance, "{dir}: full logits rel L2 {e} against the reference with bf16 caches");
     }
 
     let mut s = model.new_session().expect("session");
@@ -80,7 +85,7 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize, unro
     if let Some((_, want_b)) = want.get("logits_incremental_bf16_caches") {
         let e = rel_l2(&inc, want_b);
         eprintln!("{dir}: incremental logits rel L2 {e:.2e} against the reference with bf16 caches");
-        assert!(e <= BF16_CACHE_TOLERANCE, "{dir}: incremental logits rel L2 {e} against the reference with bf16 caches");
+        assert!(e <= bf16_tolerance, "{dir}: incremental logits rel L2 {e} against the reference with bf16 caches");
     }
 
     // Every token alone from an empty cache (decode kernels at every position, the dense rows
@@ -93,7 +98,7 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize, unro
         }
         let e = rel_l2(&dec, want_b);
         eprintln!("{dir}: decode-only logits rel L2 {e:.2e} against the reference with bf16 caches");
-        assert!(e <= BF16_CACHE_TOLERANCE, "{dir}: decode-only logits rel L2 {e} against the reference with bf16 caches");
+        assert!(e <= bf16_tolerance, "{dir}: decode-only logits rel L2 {e} against the reference with bf16 caches");
     }
 
     // Greedy: continue after the whole sequence.
@@ -121,6 +126,15 @@ fn k31_tiny_matches_the_reference() {
 #[test]
 fn k31_awkward_matches_the_reference() {
     check_model("k31_awkward", "outputs.safetensors", 70, 8, None);
+}
+
+/// The K3.1 layout with options k31_tiny uses turned off or swapped: AttnRes blocks of one layer,
+/// the KDA low-rank output gate (4 heads of 32), MLA without its output gate, no shared experts,
+/// two dense layers; a prefill of exactly one 64-token chunk. It amplifies rounding ~40x more
+/// than k31_tiny (its f32 reference is 1.3e-4 from the f64 one), hence its wider tolerance.
+#[test]
+fn k31_plain_matches_the_reference() {
+    check_model("k31_plain", "outputs.safetensors", 64, 8, None);
 }
 
 #[test]
