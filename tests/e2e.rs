@@ -88,6 +88,17 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize, unro
         assert!(e <= bf16_tolerance, "{dir}: incremental logits rel L2 {e} against the reference with bf16 caches");
     }
 
+    // The prompt as two prefill chunks (the second attends to the first one's caches and state,
+    // as long prompts run), against the full run's logits.
+    if let Some((_, want_b)) = want.get("logits_full_bf16_caches") {
+        let mut s = model.new_session().expect("session");
+        let mut two = model.forward(&mut s, &ids[..split], LogitsFor::All, &mut Hooks::default()).expect("first chunk").logits;
+        two.extend(model.forward(&mut s, &ids[split..], LogitsFor::All, &mut Hooks::default()).expect("second chunk").logits);
+        let e = rel_l2(&two, want_b);
+        eprintln!("{dir}: two-chunk prefill logits rel L2 {e:.2e} against the reference with bf16 caches");
+        assert!(e <= bf16_tolerance, "{dir}: two-chunk prefill logits rel L2 {e} against the reference with bf16 caches");
+    }
+
     // Every token alone from an empty cache (decode kernels at every position, the dense rows
     // below index_topk included), where the golden has it.
     if let Some((_, want_b)) = want.get("logits_decode_only_bf16_caches") {
