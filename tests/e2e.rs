@@ -26,6 +26,15 @@ fn ids_of(file: &str) -> Vec<u32> {
     golden::load_int_tensors(file)["input_ids"].1.iter().map(|&v| v as u32).collect()
 }
 
+/// Prints `got`'s distance to `want` and, with a bound, asserts it.
+fn expect_close(dir: &str, what: &str, got: &[f32], want: &[f32], bound: Option<f64>) {
+    let e = rel_l2(got, want);
+    eprintln!("{dir}: {what} logits rel L2 {e:.2e}");
+    if let Some(b) = bound {
+        assert!(e <= b, "{dir}: {what} logits rel L2 {e} (bound {b:e})");
+    }
+}
+
 fn argmax(row: &[f32]) -> u32 {
     k31_engine::sample::argmax(row).expect("finite logits")
 }
@@ -58,18 +67,14 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize, unro
 
     let mut s = model.new_session().expect("session");
     let full = model.forward(&mut s, &ids, LogitsFor::All, &mut Hooks::default()).expect("full forward").logits;
-    let e = rel_l2(&full, &golden::get(&want, "logits_full").1);
     // k31_tiny sits at 9.8e-4 here: the engine stores its caches in bf16 (spec 5.5), the f64
     // reference of these logits does not; against the same reference storing them in bf16
-    // (the `_bf16_caches` logits below) it agrees to f32 rounding.
-    eprintln!("{dir}: full logits rel L2 {e:.2e}");
-    if let Some(tol) = unrounded {
-        assert!(e <= tol, "{dir}: full logits rel L2 {e}");
-    }
-    if let Some((_, want_b)) = want.get("logits_full_bf16_caches") {
-        let e = rel_l2(&full, want_b);
-        eprintln!("{dir}: full logits rel L2 {e:.2e} against the reference with bf16 caches");
-        assert!(e <= bf16_tolerance, "{dir}: full logits rel L2 {e} against the reference with bf16 caches");
+    // (the `_bf16_caches` logits) it agrees to f32 rounding.
+    expect_close(dir, "full", &full, &golden::get(&want, "logits_full").1, unrounded);
+    let bf16 = |name: &str| want.get(name).map(|(_, v)| v.as_slice());
+    let with_bf16 = Some(bf16_tolerance);
+    if let Some(w) = bf16("logits_full_bf16_caches") {
+        expect_close(dir, "full (reference with bf16 caches)", &full, w, with_bf16);
     }
 
     let mut s = model.new_session().expect("session");
@@ -77,39 +82,29 @@ fn check_model(dir: &str, outputs: &str, split: usize, greedy_steps: usize, unro
     for &id in &ids[split..] {
         inc.extend(model.forward(&mut s, &[id], LogitsFor::Last, &mut Hooks::default()).expect("decode").logits);
     }
-    let e = rel_l2(&inc, &golden::get(&want, "logits_incremental").1);
-    eprintln!("{dir}: incremental logits rel L2 {e:.2e}");
-    if let Some(tol) = unrounded {
-        assert!(e <= tol, "{dir}: incremental logits rel L2 {e}");
-    }
-    if let Some((_, want_b)) = want.get("logits_incremental_bf16_caches") {
-        let e = rel_l2(&inc, want_b);
-        eprintln!("{dir}: incremental logits rel L2 {e:.2e} against the reference with bf16 caches");
-        assert!(e <= bf16_tolerance, "{dir}: incremental logits rel L2 {e} against the reference with bf16 caches");
+    expect_close(dir, "incremental", &inc, &golden::get(&want, "logits_incremental").1, unrounded);
+    if let Some(w) = bf16("logits_incremental_bf16_caches") {
+        expect_close(dir, "incremental (reference with bf16 caches)", &inc, w, with_bf16);
     }
 
     // The prompt as two prefill chunks (the second attends to the first one's caches and state,
     // as long prompts run), against the full run's logits.
-    if let Some((_, want_b)) = want.get("logits_full_bf16_caches") {
+    if let Some(w) = bf16("logits_full_bf16_caches") {
         let mut s = model.new_session().expect("session");
         let mut two = model.forward(&mut s, &ids[..split], LogitsFor::All, &mut Hooks::default()).expect("first chunk").logits;
         two.extend(model.forward(&mut s, &ids[split..], LogitsFor::All, &mut Hooks::default()).expect("second chunk").logits);
-        let e = rel_l2(&two, want_b);
-        eprintln!("{dir}: two-chunk prefill logits rel L2 {e:.2e} against the reference with bf16 caches");
-        assert!(e <= bf16_tolerance, "{dir}: two-chunk prefill logits rel L2 {e} against the reference with bf16 caches");
+        expect_close(dir, "two-chunk prefill (reference with bf16 caches)", &two, w, with_bf16);
     }
 
     // Every token alone from an empty cache (decode kernels at every position, the dense rows
     // below index_topk included), where the golden has it.
-    if let Some((_, want_b)) = want.get("logits_decode_only_bf16_caches") {
+    if let Some(w) = bf16("logits_decode_only_bf16_caches") {
         let mut s = model.new_session().expect("session");
         let mut dec = Vec::new();
         for &id in &ids {
             dec.extend(model.forward(&mut s, &[id], LogitsFor::Last, &mut Hooks::default()).expect("decode").logits);
         }
-        let e = rel_l2(&dec, want_b);
-        eprintln!("{dir}: decode-only logits rel L2 {e:.2e} against the reference with bf16 caches");
-        assert!(e <= bf16_tolerance, "{dir}: decode-only logits rel L2 {e} against the reference with bf16 caches");
+        expect_close(dir, "decode-only (reference with bf16 caches)", &dec, w, with_bf16);
     }
 
     // Greedy: continue after the whole sequence.
