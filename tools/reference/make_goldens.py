@@ -447,48 +447,31 @@ def make_k31_variant(out, name, tc, seed, seq, prefill, greedy):
 
 
 def make_kimi_linear(out):
-    d = out / "kimi_linear_tiny"
-    if d.exists():
-        shutil.rmtree(d)
-    env = dict(os.environ, PYTHONHASHSEED="0")
-    subprocess.run([sys.executable, str(HERE / "hf_kimi_linear.py"), str(d)], check=True, env=env,
-                   capture_output=True)
-    # our reference on the same checkpoint, for the record
-    from safetensors.torch import load_file
-    ref = load_file(str(d / "hf_outputs.safetensors"))
-    m = Model.load(d / "model", F64)
-    full = m.logits_full(ref["input_ids"])
-    rel = float((full - ref["logits_full"].to(F64)).abs().max() / ref["logits_full"].abs().max())
-    # Ours again with the MLA cache stored in bf16 as the engine stores it (see make_k31_tiny).
-    ids = ref["input_ids"]
-    full_b, inc_b = with_bf16_caches(lambda: (m.logits_full(ids), m.logits_incremental(ids, 13)))
-    save(d / "k31ref_bf16_caches.safetensors", {"logits_full_bf16_caches": full_b, "logits_incremental_bf16_caches": inc_b})
-    meta = {"prefill": 13, "seq_len": int(ref["input_ids"].numel()),
-            "greedy_tokens": ref["greedy_tokens"].tolist(),
-            "k31ref_f64_vs_transformers_full_logits_rel": float(f"{rel:.2e}"),
-            "k31ref_bf16_caches_vs_transformers_full_logits_rel_l2": float(f"{float((full_b - ref['logits_full'].to(F64)).norm() / ref['logits_full'].norm()):.2e}")}
-    write_json(d / "outputs.json", meta)
-    return meta
+    make_kimi_linear_variant(out, "kimi_linear_tiny", "tiny")
 
 
 def make_kimi_linear_awkward(out):
-    """transformers' Kimi Linear at other shapes (hf_kimi_linear.py --variant awkward: KDA 3 heads x 64, MLA 3
-    heads with kv_lora 32 and v 16, group-limited routing, two full-attention layers, 70 tokens), with k31ref's
-    logits under bf16 caches beside transformers' (the engine's comparison; transformers' fp32-cache logits sit
-    1.1e-3 from them)."""
-    d = out / "kimi_linear_awkward"
+    make_kimi_linear_variant(out, "kimi_linear_awkward", "awkward")
+
+
+def make_kimi_linear_variant(out, name, variant):
+    """transformers' Kimi Linear (hf_kimi_linear.py --variant; the awkward one: KDA 3 heads x 64, MLA 3 heads
+    with kv_lora 32 and v 16, group-limited routing, two full-attention layers, 70 tokens), and k31ref on the
+    same checkpoint: its agreement with transformers, and its logits with the MLA cache stored in bf16 as the
+    engine stores it (transformers' fp32-cache logits sit 6e-4 / 1.1e-3 from those)."""
+    d = out / name
     if d.exists():
         shutil.rmtree(d)
     env = dict(os.environ, PYTHONHASHSEED="0")
-    subprocess.run([sys.executable, str(HERE / "hf_kimi_linear.py"), str(d), "--variant", "awkward"], check=True,
+    subprocess.run([sys.executable, str(HERE / "hf_kimi_linear.py"), str(d), "--variant", variant], check=True,
                    env=env, capture_output=True)
+    from safetensors import safe_open
     from safetensors.torch import load_file
     ref = load_file(str(d / "hf_outputs.safetensors"))
-    m = Model.load(d / "model", F64)
-    ids = ref["input_ids"]
-    from safetensors import safe_open
     with safe_open(str(d / "hf_outputs.safetensors"), "pt") as f:
         prefill = json.loads(f.metadata()["info"])["prefill"]
+    m = Model.load(d / "model", F64)
+    ids = ref["input_ids"]
     full = m.logits_full(ids)
     rel = float((full - ref["logits_full"].to(F64)).abs().max() / ref["logits_full"].abs().max())
     full_b, inc_b, dec_b = with_bf16_caches(
