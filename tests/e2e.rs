@@ -9,10 +9,13 @@ use k31_engine::model::{Hooks, LogitsFor, Model};
 use k31_engine::session::Snapshot;
 use support::golden::{self, golden_dir};
 
+/// Context the golden models are loaded with (k31_long's 260 tokens and its greedy steps fit).
+const CONTEXT: usize = 512;
+
 fn load(dir: &str) -> Option<Model> {
     let g = support::gpu()?;
     let ck = Checkpoint::open(&golden_dir().join(dir)).expect("golden checkpoint validates");
-    Some(Model::load(g, &ck, 256, &k31_engine::layers::load_ffn, |_, _| {}).expect("model loads"))
+    Some(Model::load(g, &ck, CONTEXT, &k31_engine::layers::load_ffn, |_, _| {}).expect("model loads"))
 }
 
 fn rel_l2(got: &[f32], want: &[f32]) -> f64 {
@@ -134,6 +137,13 @@ fn k31_awkward_matches_the_reference() {
     check_model("k31_awkward", "outputs.safetensors", 70, 8, None);
 }
 
+/// k31_awkward's shapes over 260 tokens: a prefill of 200 (three KDA chunks and a ragged one),
+/// the indexer picking 8 of up to 260 positions, 60 decode steps after it.
+#[test]
+fn k31_long_matches_the_reference() {
+    check_model("k31_long", "outputs.safetensors", 200, 8, None);
+}
+
 /// The K3.1 layout with options k31_tiny uses turned off or swapped: AttnRes blocks of one layer,
 /// the KDA low-rank output gate (4 heads of 32), MLA without its output gate, no shared experts,
 /// two dense layers; a prefill of exactly one 64-token chunk. It amplifies rounding ~40x more
@@ -232,7 +242,7 @@ fn bad_inputs_are_errors() {
     assert!(e.contains("empty"), "{e}");
     let e = model.forward(&mut s, &[5, 512], LogitsFor::Last, &mut Hooks::default()).err().expect("id").to_string();
     assert!(e.contains("512") && e.contains("vocabulary"), "{e}");
-    let long = vec![1u32; 257];
+    let long = vec![1u32; CONTEXT + 1];
     let e = model.forward(&mut s, &long, LogitsFor::Last, &mut Hooks::default()).err().expect("long").to_string();
     assert!(e.contains("context"), "{e}");
     assert_eq!(s.position, 0, "failed calls leave the session untouched");

@@ -402,8 +402,17 @@ def plain_text_config():
     return c
 
 
+LONG_SEED = 9009  # scanned (9000-9011) at 260 tokens: indexer gaps >= 1.4e-4 of the row max, router >= 6.3e-5
+
+
 def make_k31_awkward(out):
     make_k31_variant(out, "k31_awkward", awkward_text_config(), AWK_SEED, AWK_SEQ, AWK_PREFILL, AWK_GREEDY)
+
+
+def make_k31_long(out):
+    """k31_awkward's shapes over 260 tokens: a prefill of 200 (three full KDA chunks and a ragged one), the
+    indexer picking 8 of up to 260 positions, then 60 decode steps."""
+    make_k31_variant(out, "k31_long", awkward_text_config(), LONG_SEED, 260, 200, 8)
 
 
 def make_k31_plain(out):
@@ -501,6 +510,7 @@ def generate(out: Path):
     make_k31_tiny(out)
     make_k31_awkward(out)
     make_k31_plain(out)
+    make_k31_long(out)
     make_kimi_linear(out)
     make_kimi_linear_awkward(out)
     files = sorted(p for p in out.rglob("*") if p.is_file() and p.name != "MANIFEST.json" and p.suffix != ".md")
