@@ -53,13 +53,17 @@ fn main() -> anyhow::Result<()> {
         let w = GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)?;
         let x = gpu.storage_from("x", &vec![0.5f32; k]);
         let y = gpu.storage("y", (n * 4) as u64);
+        // A printed row of this matrix's bytes per `t` seconds.
+        let gemv_row = |label: String, t: f64| {
+            let row = Row { name: format!("{label} {name}"), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
+            row.print();
+            row
+        };
         // Generating W on the host left the GPU idle: back to its steady clock first.
         warm_gpu(&gpu, 150, 4000)?;
         for &v in &variants {
             let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_into(&gpu, enc, &w, &x, &y, Some(v), false, prof))?;
-            let row = Row { name: format!("{} {name}", v.name), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
-            row.print();
-            rows.push(row);
+            rows.push(gemv_row(v.name.to_string(), t));
         }
         // Cold: each timed GEMV reads one of m copies of W in turn (~4 GB in all), as a model
         // reads each matrix once per token; the rows above repeat one matrix.
@@ -68,22 +72,15 @@ fn main() -> anyhow::Result<()> {
             let copies: Vec<GpuTensor> = (0..m).map(|_| GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)).collect::<Result<_, _>>()?;
             let turn = std::cell::Cell::new(0usize);
             warm_gpu(&gpu, 150, 4000)?;
-            let t = time_gpu(&gpu, 5, 30, |enc, prof| {
-                let i = turn.get();
-                turn.set(i + 1);
-                gemv::gemv_into(&gpu, enc, &copies[i % m], &x, &y, None, false, prof)
-            })?;
-            let row = Row { name: format!("gemv cold ({m} copies in turn) {name}"), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
-            row.print();
-            rows.push(row);
-            // Probes of why: each copy's address translations warmed (`copy::page_touch`, one word
-            // per 64 KiB) in the same timed run just before its GEMV, or in the previous
+            // Then probes of why: each copy's address translations warmed (`copy::page_touch`,
+            // one word per 64 KiB) in the same timed run just before its GEMV, or in the previous
             // submission (untimed).
-            for ahead in [false, true] {
+            let cold = format!("gemv cold ({m} copies in turn)");
+            for (label, first, ahead) in [(cold.as_str(), false, false), ("gemv cold, pages read first, timed", true, false), ("gemv cold, pages read one call ahead", false, true)] {
                 let t = time_gpu(&gpu, 5, 30, |enc, mut prof| {
                     let i = turn.get();
                     turn.set(i + 1);
-                    if !ahead {
+                    if first {
                         for c in &copies[i % m].chunks {
                             copy::page_touch(&gpu, enc, &c.buffer, prof.as_deref_mut())?;
                         }
@@ -96,10 +93,7 @@ fn main() -> anyhow::Result<()> {
                     }
                     Ok(())
                 })?;
-                let what = if ahead { "pages read one call ahead" } else { "pages read first, timed" };
-                let row = Row { name: format!("gemv cold, {what} {name}"), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
-                row.print();
-                rows.push(row);
+                rows.push(gemv_row(label.to_string(), t));
             }
         }
         // Back to back as in a model's command stream (8 per submission, two copies of W in
@@ -107,9 +101,7 @@ fn main() -> anyhow::Result<()> {
         if n * k * 2 <= 512 << 20 {
             let w2 = GpuTensor::upload(&gpu, name, DType::BF16, &[n, k], &bytes, None)?;
             let t = time_back_to_back(&gpu, 3, 20, 8, |enc, i| gemv::gemv(&gpu, enc, if i % 2 == 0 { &w } else { &w2 }, &x, &y, None))?;
-            let row = Row { name: format!("gemv back to back {name}"), time_us: t * 1e6, rate: (n * k * 2) as f64 / t / 1e9, ceiling: copy, unit: "GB/s" };
-            row.print();
-            rows.push(row);
+            rows.push(gemv_row("gemv back to back".to_string(), t));
         }
     }
 
