@@ -42,11 +42,6 @@ def awkward_config_dict():
     )
 
 
-# variant -> (config, sequence length, prefill, greedy steps)
-VARIANTS = {"tiny": (lambda: tiny_config_dict(), SEQ_LEN, PREFILL, N_GREEDY),
-            "awkward": (lambda: awkward_config_dict(), 70, 45, 8)}
-
-
 def tiny_config_dict():
     return dict(
         vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
@@ -59,6 +54,11 @@ def tiny_config_dict():
         norm_topk_prob=True, routed_scaling_factor=2.446, hidden_act="silu", rms_norm_eps=1e-5,
         tie_word_embeddings=False, pad_token_id=None, bos_token_id=None, eos_token_id=None,
     )
+
+
+# variant -> (config, sequence length, prefill, greedy steps)
+VARIANTS = {"tiny": (tiny_config_dict, SEQ_LEN, PREFILL, N_GREEDY),
+            "awkward": (awkward_config_dict, 70, 45, 8)}
 
 
 def token_ids(vocab, seq_len, seed=2024):

@@ -306,9 +306,9 @@ impl KdaLayer {
 /// exceed what the GPU's translation caches hold, and a GEMV whose single wave of workgroups
 /// starts on all of a 176 MB matrix's pages at once stalled ~5 us on page walks (H200,
 /// docs/perf.md). Recorded right after the fused recurrence (latency-bound, ~19 us, few pages
-/// of its own) it runs beside it: o_proj then took ~2.7 us less per KDA layer. The same beside the global
-/// layer's merge, or beside streaming kernels, cost more than it saved. `K31_PAGE_TOUCH=0`
-/// turns it off (experiments).
+/// of its own) it runs beside it: o_proj then took ~2.7 us less per KDA layer. The same beside
+/// the global layer's merge, or beside streaming kernels, cost more than it saved.
+/// `K31_PAGE_TOUCH=0` turns it off (experiments).
 fn touch_pages(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, w: &GpuTensor) -> Result<(), GpuError> {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     if !crate::ops::switch_on(&ON, "K31_PAGE_TOUCH") {

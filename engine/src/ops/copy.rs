@@ -14,21 +14,21 @@ shader_params!(
     SpinParams in "copy" { iters: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
 );
 
-pub const COPY_VEC4: Kernel = Kernel::new("copy_vec4", "copy", "copy_vec4");
-pub const SPIN_FMA: Kernel = Kernel::new("spin_fma", "copy", "spin_fma");
 shader_params!(
     /// Mirrors `TouchParams` in shaders/copy.wgsl.
     TouchParams in "copy" { never: u32, _pad0: u32, _pad1: u32, _pad2: u32 }
 );
 
-pub const TOUCH: Kernel = Kernel::new("touch", "copy", "touch");
-pub const PAGE_TOUCH: Kernel = Kernel::new("page_touch", "copy", "page_touch");
-pub const KERNELS: &[Kernel] = &[COPY_VEC4, SPIN_FMA, TOUCH, PAGE_TOUCH];
-
 shader_params!(
     /// Mirrors `PageTouchParams` in shaders/copy.wgsl.
     PageTouchParams in "copy" { words: u32, stride: u32, _pad0: u32, _pad1: u32 }
 );
+
+pub const COPY_VEC4: Kernel = Kernel::new("copy_vec4", "copy", "copy_vec4");
+pub const SPIN_FMA: Kernel = Kernel::new("spin_fma", "copy", "spin_fma");
+pub const TOUCH: Kernel = Kernel::new("touch", "copy", "touch");
+pub const PAGE_TOUCH: Kernel = Kernel::new("page_touch", "copy", "page_touch");
+pub const KERNELS: &[Kernel] = &[COPY_VEC4, SPIN_FMA, TOUCH, PAGE_TOUCH];
 
 /// Records a read of one word per 64 KiB (NVIDIA's smaller page size) of `buf`, bound whole,
 /// so that its pages' address translations are warm when a kernel streams it next (the KDA
