@@ -146,9 +146,11 @@ fn main() -> anyhow::Result<()> {
     let (n_in, n_mid, top_k) = if quick { (512, 256, 4) } else { (3584, 3072, 16) };
     let resident: usize = if quick { 8 } else { 64 };
     // Slots past `resident` hold copies of the first experts' weights in memory of their own,
-    // for the cold decode row (16 sets of top_k experts in turn, ~4.5 GB at the real shape).
-    let slots = 16 * top_k.max(resident.div_ceil(16));
+    // for the cold decode row: as many disjoint sets of top_k experts, read in turn, as the
+    // pool's one binding holds (up to 16; 7 sets, ~2 GB, at the real shape on a 2 GiB binding).
     let layout = SlotLayout::new(ExpertFormat::Mxfp4, n_in, n_mid)?;
+    let cold_sets = ((gpu.caps.max_binding / layout.slot_bytes) as usize / top_k).clamp(1, 16);
+    let slots = (cold_sets * top_k).max(resident);
     let mut store = ExpertStore::new(&gpu, layout, 1, slots, slots)?;
     // Distinct pseudo-random experts (w1, w3, w2 each): scales 2^-9 .. 2^-1, one group in 64 at
     // 2^-27 (a row range the coop kernels' reference exponent must hold exactly).
@@ -220,19 +222,20 @@ fn main() -> anyhow::Result<()> {
         // The default decode back to back (4 tokens' worth per submission, no per-pass timestamps).
         let t = time_back_to_back(&gpu, 3, 20, 4, |enc, _| moe::experts_decode(&gpu, enc, &store, &call, None, &z, &idx, &wts, &h, &y, None))?;
         rows.push(expert_row("decode, default, back to back", t));
-        // Cold, as a model's decode reads its experts: each call one of 16 disjoint sets of
+        // Cold, as a model's decode reads its experts: each call one of `cold_sets` disjoint sets of
         // top_k slots in turn (the rows above repeat one set). Set s holds experts
         // s * top_k + j, copies of expert (s * top_k + j) % resident: sets with the same
         // experts must give the same output.
-        let sets: Vec<_> = (0..16).map(|s| gpu.storage_from("idx set", &(0..top_k).map(|j| (s * top_k + j) as u32).collect::<Vec<u32>>())).collect();
+        let sets: Vec<_> =
+            (0..cold_sets).map(|s| gpu.storage_from("idx set", &(0..top_k).map(|j| (s * top_k + j) as u32).collect::<Vec<u32>>())).collect();
         let turn = std::cell::Cell::new(0usize);
         warm_gpu(&gpu, 150, 4000)?;
         let t = time_gpu(&gpu, 5, 32, |enc, prof| {
             let s = turn.get();
             turn.set(s + 1);
-            moe::experts_decode(&gpu, enc, &store, &call, None, &z, &sets[s % 16], &wts, &h, &y, prof)
+            moe::experts_decode(&gpu, enc, &store, &call, None, &z, &sets[s % cold_sets], &wts, &h, &y, prof)
         })?;
-        rows.push(expert_row("decode, default, cold (16 sets of experts in turn)", t));
+        rows.push(expert_row(&format!("decode, default, cold ({cold_sets} sets of experts in turn)"), t));
         let out_of = |s: usize| -> anyhow::Result<Vec<f32>> {
             let mut enc = gpu.device.create_command_encoder(&Default::default());
             moe::experts_decode(&gpu, &mut enc, &store, &call, None, &z, &sets[s], &wts, &h, &y, None)?;
@@ -240,7 +243,7 @@ fn main() -> anyhow::Result<()> {
             Ok(gpu.read(&y, n_in)?)
         };
         let twin = resident / top_k; // the first set whose experts repeat set 0's
-        if twin < 16 && resident.is_multiple_of(top_k) {
+        if twin < cold_sets && resident.is_multiple_of(top_k) {
             println!("    check cold set {twin} (copies of set 0) vs set 0: {}", if out_of(twin)? == out_of(0)? { "equal" } else { "DIFFERENT" });
         }
     }
