@@ -65,6 +65,15 @@ fn main() -> anyhow::Result<()> {
             let t = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_into(&gpu, enc, &w, &x, &y, Some(v), false, prof))?;
             rows.push(gemv_row(v.name.to_string(), t));
         }
+        // The ceiling timed the way a GEMV is: one pass copying half of W's bytes (so as many
+        // bytes move), with the same pass and dispatch costs that no kernel of this size avoids.
+        if n * k * 2 <= gpu.caps.max_binding as usize {
+            let (src, dst) = (gpu.storage("copy src", (n * k) as u64), gpu.storage("copy dst", (n * k) as u64));
+            let t = time_gpu(&gpu, 5, 30, |enc, prof| copy::copy(&gpu, enc, &src, &dst, (n * k) as u64, prof))?;
+            rows.push(gemv_row("same-size copy (half of W's bytes read, half written)".to_string(), t));
+            let g = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_into(&gpu, enc, &w, &x, &y, None, false, prof))?;
+            println!("    the default GEMV ({:.2} us) at {:.1} % of the same-size copy's rate", g * 1e6, 100.0 * t / g);
+        }
         // Cold: each timed GEMV reads one of m copies of W in turn (~4 GB in all), as a model
         // reads each matrix once per token; the rows above repeat one matrix.
         if n * k * 2 <= 512 << 20 {
