@@ -71,8 +71,17 @@ fn main() -> anyhow::Result<()> {
             let (src, dst) = (gpu.storage("copy src", (n * k) as u64), gpu.storage("copy dst", (n * k) as u64));
             let t = time_gpu(&gpu, 5, 30, |enc, prof| copy::copy(&gpu, enc, &src, &dst, (n * k) as u64, prof))?;
             rows.push(gemv_row("same-size copy (half of W's bytes read, half written)".to_string(), t));
+            // And W itself read once with no arithmetic: what any kernel reading it must take.
+            let sink = gpu.storage("read sink", 16);
+            let r = time_gpu(&gpu, 5, 30, |enc, mut prof| {
+                for c in &w.chunks {
+                    copy::read_all(&gpu, enc, &c.buffer, &sink, prof.as_deref_mut())?;
+                }
+                Ok(())
+            })?;
+            rows.push(gemv_row("read of W alone (no arithmetic)".to_string(), r));
             let g = time_gpu(&gpu, 5, 30, |enc, prof| gemv::gemv_into(&gpu, enc, &w, &x, &y, None, false, prof))?;
-            println!("    the default GEMV ({:.2} us) at {:.1} % of the same-size copy's rate", g * 1e6, 100.0 * t / g);
+            println!("    the default GEMV ({:.2} us) at {:.1} % of the same-size copy's rate, {:.1} % of W's read alone", g * 1e6, 100.0 * t / g, 100.0 * r / g);
         }
         // Cold: each timed GEMV reads one of m copies of W in turn (~4 GB in all), as a model
         // reads each matrix once per token; the rows above repeat one matrix.

@@ -20,6 +20,23 @@ fn copy_vec4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgro
     }
 }
 
+// Reads `words4` vec4 and writes nothing (the sink only if the xor of everything read hits a
+// fixed 128-bit pattern, which keeps the loads): the ceiling of a kernel that must read those
+// bytes once, timed the way it is (benches/moe.rs sets the GEMVs beside it).
+@group(0) @binding(12) var<storage, read_write> read_sink: array<u32>;
+
+@compute @workgroup_size(256)
+fn read_vec4(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let stride = nwg.x * 256u;
+    var acc = vec4<u32>(0u);
+    for (var i = gid.x + gid.y * stride; i < p.words4; i += stride * nwg.y) {
+        acc ^= bitcast<vec4<u32>>(src[i]);
+    }
+    if (all(acc == vec4<u32>(0x9e3779b9u, 0x7f4a7c15u, 0x85ebca6bu, 0xc2b2ae35u))) {
+        read_sink[0] = acc.x;
+    }
+}
+
 // Clock probe: `iters` rounds of four independent fma chains per thread, bound by the SMs'
 // issue rate (not memory), so its time follows the shader clock. The store never happens
 // (the chains cannot reach the sentinel) but keeps the chains alive.

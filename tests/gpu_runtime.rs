@@ -160,8 +160,14 @@ fn oversized_binding_is_an_error() {
     assert!(err.to_string().contains(&format!("{} bytes exceeds one binding ({})", n * 4, g.caps.max_binding)), "{err}");
     let small = g.storage_from("touched", &head);
     k31_engine::ops::copy::page_touch(&g, &mut enc, &small, None).expect("page touch of 256 bytes");
+    // The read ceiling (benches) likewise, and it never writes its sink.
+    let err = k31_engine::ops::copy::read_all(&g, &mut enc, &x, &small, None).expect_err("read past one binding");
+    assert!(err.to_string().contains("needs one binding"), "{err}");
+    let sink = g.storage_from("read sink", &[7u32; 4]);
+    k31_engine::ops::copy::read_all(&g, &mut enc, &small, &sink, None).expect("read of 256 bytes");
     g.flush(&mut enc);
     assert_eq!(g.read::<f32>(&small, 64).unwrap(), head);
+    assert_eq!(g.read::<u32>(&sink, 4).unwrap(), [7u32; 4]);
 }
 
 /// Prewarming builds, on several threads at once, exactly the kernels the adapter runs and

@@ -28,7 +28,8 @@ pub const COPY_VEC4: Kernel = Kernel::new("copy_vec4", "copy", "copy_vec4");
 pub const SPIN_FMA: Kernel = Kernel::new("spin_fma", "copy", "spin_fma");
 pub const TOUCH: Kernel = Kernel::new("touch", "copy", "touch");
 pub const PAGE_TOUCH: Kernel = Kernel::new("page_touch", "copy", "page_touch");
-pub const KERNELS: &[Kernel] = &[COPY_VEC4, SPIN_FMA, TOUCH, PAGE_TOUCH];
+pub const READ_VEC4: Kernel = Kernel::new("read_vec4", "copy", "read_vec4");
+pub const KERNELS: &[Kernel] = &[COPY_VEC4, SPIN_FMA, TOUCH, PAGE_TOUCH, READ_VEC4];
 
 /// Records a read of one word per 64 KiB (NVIDIA's smaller page size) of `buf`, bound whole,
 /// so that its pages' address translations are warm when a kernel streams it next (the KDA
@@ -98,6 +99,24 @@ pub fn copy(
     let (gx, gy) = gpu.grid(groups);
     pass.dispatch_workgroups(gx, gy, 1);
     Ok(())
+}
+
+/// Records a read of `src` (its whole 16-byte units) that writes nothing (`sink`, at least 16
+/// bytes, is bound but never written): the ceiling of a kernel that reads those bytes once,
+/// for benches.
+pub fn read_all(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, src: &wgpu::Buffer, sink: &wgpu::Buffer, profiler: Option<&mut Profiler>) -> Result<(), GpuError> {
+    if src.size() > gpu.caps.max_binding || sink.size() < 16 {
+        return Err(GpuError::Shape(format!(
+            "read of a {}-byte buffer into a {}-byte sink: needs one binding ({}) and a 16-byte sink",
+            src.size(),
+            sink.size(),
+            gpu.caps.max_binding
+        )));
+    }
+    let words4 = src.size() / 16;
+    let params = CopyParams { words4: words4 as u32, ..Default::default() };
+    let (gx, gy) = gpu.grid((words4.div_ceil(256) as u32).min(65535 * 4));
+    gpu.dispatch_grid(enc, &READ_VEC4, &params, &[(1, src), (12, sink)], [gx, gy, 1], profiler)
 }
 
 /// Records `groups` workgroups of 256 threads, each running `iters` rounds of four
