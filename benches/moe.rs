@@ -99,15 +99,11 @@ fn main() -> anyhow::Result<()> {
                     let i = turn.get();
                     turn.set(i + 1);
                     if first {
-                        for c in &copies[i % m].chunks {
-                            copy::page_touch(&gpu, enc, &c.buffer, prof.as_deref_mut())?;
-                        }
+                        copy::page_touch_tensor(&gpu, enc, &copies[i % m], prof.as_deref_mut())?;
                     }
                     gemv::gemv_into(&gpu, enc, &copies[i % m], &x, &y, None, false, prof)?;
                     if ahead {
-                        for c in &copies[(i + 1) % m].chunks {
-                            copy::page_touch(&gpu, enc, &c.buffer, None)?;
-                        }
+                        copy::page_touch_tensor(&gpu, enc, &copies[(i + 1) % m], None)?;
                     }
                     Ok(())
                 })?;

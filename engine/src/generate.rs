@@ -8,7 +8,7 @@ use crate::model::{Hooks, LogitsFor, Model, ModelError};
 use crate::plan::PREFILL_CHUNK;
 use crate::sample::{log_prob, Sampler};
 use crate::session::Session;
-use crate::trace::SelectionSink;
+use crate::trace::{self, SelectionSink};
 use std::time::{Duration, Instant};
 
 /// Why generation stopped.
@@ -98,9 +98,7 @@ pub fn generate(
     let t0 = Instant::now();
     let mut logits = Vec::new();
     for chunk in prompt.chunks(PREFILL_CHUNK) {
-        // The map reborrows the sink shorter (`as_deref_mut` keeps its lifetime: no compile).
-        #[allow(clippy::option_as_ref_deref)]
-        let mut hooks = Hooks { sink: opts.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }), diagnostics: opts.diagnostics, profiler: opts.profiler.as_deref_mut() };
+        let mut hooks = Hooks { sink: trace::reborrow(&mut opts.sink), diagnostics: opts.diagnostics, profiler: opts.profiler.as_deref_mut() };
         let f = model.forward(session, chunk, LogitsFor::Last, &mut hooks)?;
         diagnostics.extend(f.diagnostics);
         metrics.peak_gpu_bytes = metrics.peak_gpu_bytes.max(f.gpu_reserved_bytes);
@@ -131,9 +129,7 @@ pub fn generate(
             break StopReason::ContextFull;
         }
         let t = Instant::now();
-        // The map reborrows the sink shorter (`as_deref_mut` keeps its lifetime: no compile).
-        #[allow(clippy::option_as_ref_deref)]
-        let mut hooks = Hooks { sink: opts.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }), diagnostics: opts.diagnostics, profiler: opts.profiler.as_deref_mut() };
+        let mut hooks = Hooks { sink: trace::reborrow(&mut opts.sink), diagnostics: opts.diagnostics, profiler: opts.profiler.as_deref_mut() };
         let f = model.forward(session, &[next], LogitsFor::Last, &mut hooks)?;
         decode_time += t.elapsed();
         diagnostics.extend(f.diagnostics);

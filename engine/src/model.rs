@@ -288,11 +288,8 @@ impl Model {
                 }
                 MixerWeights::Global(ga) => {
                     let cache = session.global_cache(l)?;
-                    // `as_deref_mut` would keep the sink's trait-object lifetime (invariant
-                    // behind &mut) and not compile; the map reborrows it shorter.
-                    #[allow(clippy::option_as_ref_deref)]
                     let mut opts = ForwardOptions {
-                        sink: hooks.sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s }),
+                        sink: crate::trace::reborrow(&mut hooks.sink),
                         diagnostics: hooks.diagnostics,
                         profiler: prof.as_deref_mut(),
                         deferred: Some(&mut deferred),

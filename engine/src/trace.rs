@@ -23,6 +23,12 @@ pub trait SelectionSink {
     fn record(&mut self, sel: Selection<'_>);
 }
 
+/// `sink` reborrowed for a shorter lifetime, to hand to one forward or layer: `as_deref_mut`
+/// would keep the trait object's own lifetime (invariant behind `&mut`) and not compile there.
+pub fn reborrow<'s>(sink: &'s mut Option<&mut dyn SelectionSink>) -> Option<&'s mut dyn SelectionSink> {
+    sink.as_mut().map(|s| -> &mut dyn SelectionSink { &mut **s })
+}
+
 /// An owned copy of one selection.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Record {

@@ -314,8 +314,5 @@ fn touch_pages(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, w: &GpuTensor) -> Resu
     if !crate::ops::switch_on(&ON, "K31_PAGE_TOUCH") {
         return Ok(());
     }
-    for c in &w.chunks {
-        crate::ops::copy::page_touch(gpu, enc, &c.buffer, None)?;
-    }
-    Ok(())
+    crate::ops::copy::page_touch_tensor(gpu, enc, w, None)
 }

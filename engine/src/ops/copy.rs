@@ -2,7 +2,7 @@
 //! a clock probe (an fma spin) with which benches bring the GPU to its steady clock.
 
 use super::shader_params;
-use crate::gpu::{Gpu, GpuError, Kernel, Profiler};
+use crate::gpu::{Gpu, GpuError, GpuTensor, Kernel, Profiler};
 
 shader_params!(
     /// Mirrors `CopyParams` in shaders/copy.wgsl.
@@ -44,6 +44,14 @@ pub fn page_touch(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, buf: &wgpu::Buffer,
     let reads = words.div_ceil(stride) as u32;
     let params = PageTouchParams { words: words as u32, stride: stride as u32, ..Default::default() };
     gpu.dispatch_grid(enc, &PAGE_TOUCH, &params, &[(11, buf)], [reads.div_ceil(64).max(1), 1, 1], prof)
+}
+
+/// [`page_touch`] of every chunk of `w`.
+pub fn page_touch_tensor(gpu: &Gpu, enc: &mut wgpu::CommandEncoder, w: &GpuTensor, mut prof: Option<&mut Profiler>) -> Result<(), GpuError> {
+    for c in &w.chunks {
+        page_touch(gpu, enc, &c.buffer, prof.as_deref_mut())?;
+    }
+    Ok(())
 }
 
 /// Records one empty invocation that names `bufs` (one to four) read-only: their move to the
