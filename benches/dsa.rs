@@ -2,7 +2,8 @@
 //! 576-wide bf16 rows), each timed separately per token per layer at several context lengths
 //! with random cache data, next to the copy bandwidth measured in the same run.
 //! Run: `cargo bench --bench dsa` (`--quick` for small sizes, `--smoke` for one tiny run of every path,
-//! `--json FILE` to save rows, `--indexer` for the indexer rows and checks only, `--topk` for the
+//! `--json FILE` to save rows, `--indexer` for the indexer rows and checks only (`--prefill-indexer`:
+//! a 512-query prompt block at 8K-128K positions), `--topk` for the
 //! top-k rows and checks only (4K..1M, ordered and set, 200K with ties, a prefill block), `--mla`
 //! for the MLA rows only (absorb, sparse MLA), `--sweep` to add the sparse MLA at other grid
 //! sizes and with wgpu's runtime checks,
@@ -239,6 +240,12 @@ fn main() -> anyhow::Result<()> {
     if topk_only {
         let mut rows = Vec::new();
         topk_bench(&gpu, copy, wu, reps, quick, &mut rows)?;
+        return save(json_out, &gpu, copy, &rows, serde_json::Value::Null);
+    }
+    // --prefill-indexer: only the indexer over a block of prompt queries (rows and checks).
+    if args.iter().any(|a| a == "--prefill-indexer") {
+        let mut rows = Vec::new();
+        prefill_indexer_bench(&gpu, copy, wu, reps.min(10), quick, &mut rows)?;
         return save(json_out, &gpu, copy, &rows, serde_json::Value::Null);
     }
     let sizes: Vec<usize> = if smoke {
@@ -494,6 +501,51 @@ fn main() -> anyhow::Result<()> {
         torch_json = serde_json::from_str(text.trim()).unwrap_or(serde_json::Value::Null);
     }
     save(json_out, &gpu, copy, &rows, torch_json)
+}
+
+/// `--prefill-indexer`: the indexer for a prompt block of 512 queries (the last 512 positions
+/// of S, causal), each kernel timed in a pass of its own; rate = key bytes x queries (what the
+/// block's per-query scans read). The coop block kernel (8 queries per workgroup) is checked
+/// against the one-query coop kernel (same scheme: same scores) and SIMT in the same run.
+fn prefill_indexer_bench(gpu: &Gpu, copy: f64, wu: usize, reps: usize, quick: bool, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+    let t = 512;
+    let sizes: Vec<usize> = if quick { vec![8192] } else { vec![1024, 2048, 4096, 8192, 32768, 131072] };
+    let coop = dsa::coop_indexer_available(gpu, IH, ID);
+    let mut variants = vec![(Indexer::Variant(IndexVariant::Simt), "SIMT f32"), (Indexer::Variant(IndexVariant::Tiled), "tiled f32")];
+    if coop {
+        variants.push((Indexer::Variant(IndexVariant::CoopPerQuery), "coop exact, one query per workgroup"));
+        variants.push((Indexer::Variant(IndexVariant::Coop), "coop exact, 8 queries per workgroup"));
+        variants.push((Indexer::Bf16(IndexVariant::CoopPerQuery), "coop q bf16, one query per workgroup"));
+        variants.push((Indexer::Bf16(IndexVariant::Coop), "coop q bf16, 8 queries per workgroup"));
+    } else {
+        println!("  (no cooperative-matrix indexer on this adapter: coop rows skipped)");
+    }
+    for &s in &sizes {
+        let mut keys = PagedRows::new(gpu, "keys", ID, 1024, s)?;
+        keys.upload(gpu, &random(s as u64, s * ID))?;
+        let q = gpu.storage_from("q", &random(41, t * IH * ID));
+        let w = gpu.storage_from("w", &random(42, t * IH));
+        let q_pos0 = s - t;
+        warm(gpu, &format!("prefill indexer, S={s}"))?;
+        let mut outs: Vec<Vec<f32>> = Vec::new();
+        for &(v, label) in &variants {
+            let dst = gpu.storage("prefill scores", (t * s * 4) as u64);
+            let time = time_gpu(gpu, wu, reps, |enc, prof| record_indexer(gpu, enc, v, &keys, &q, &w, &dst, t, q_pos0, s, prof))?;
+            let row = Row { name: format!("prefill indexer {label}, {t} queries, S={s}"), time_us: time * 1e6, rate: (t * s * ID * 2) as f64 / time / 1e9, ceiling: copy, unit: "GB/s" };
+            row.print();
+            rows.push(row);
+            outs.push(gpu.read(&dst, t * s)?);
+        }
+        // The last 64 queries of the block (a whole check of 512 rows costs minutes of host time).
+        let tail = |v: &[f32]| v[(t - 64) * s..].to_vec();
+        if coop {
+            let simt = scores_of(gpu, Indexer::Variant(IndexVariant::Simt), &keys, &random(41, t * IH * ID)[(t - 64) * IH * ID..], &random(42, t * IH)[(t - 64) * IH..], 64, s - 64, s)?;
+            report_check(format!("prefill indexer coop 8 queries per workgroup vs SIMT, S={s}"), diff_text(&simt, &tail(&outs[3]), 64, s - 64));
+            report_check(format!("prefill indexer coop 8 vs 1 query per workgroup (exact), S={s}"), diff_text(&tail(&outs[2]), &tail(&outs[3]), 64, s - 64));
+            report_check(format!("prefill indexer coop 8 vs 1 query per workgroup (q bf16), S={s}"), diff_text(&tail(&outs[4]), &tail(&outs[5]), 64, s - 64));
+        }
+    }
+    Ok(())
 }
 
 /// `--topk`: only the top-k rows, every one checked against the CPU reference in the same run:

@@ -218,25 +218,30 @@ fn auto_indexer_picks_by_row_length_and_environment() {
     let coop = dsa::COOP_INDEX_MIN_POS;
     assert!(coop >= min);
     // Without cooperative matrices: SIMT, then tiled.
-    assert_eq!(dsa::auto_index(min - 1, None, None, false), Simt);
-    assert_eq!(dsa::auto_index(min, None, None, false), Tiled);
-    assert_eq!(dsa::auto_index(1 << 20, None, None, false), Tiled);
+    assert_eq!(dsa::auto_index(min - 1, 1, None, None, false), Simt);
+    assert_eq!(dsa::auto_index(min, 1, None, None, false), Tiled);
+    assert_eq!(dsa::auto_index(1 << 20, 1, None, None, false), Tiled);
     // With them: coop from its length on.
-    assert_eq!(dsa::auto_index(min - 1, None, None, true), Simt);
+    assert_eq!(dsa::auto_index(min - 1, 1, None, None, true), Simt);
     let below = if coop > min { Tiled } else { Simt };
-    assert_eq!(dsa::auto_index(coop - 1, None, None, true), below);
-    assert_eq!(dsa::auto_index(coop, None, None, true), Coop);
-    assert_eq!(dsa::auto_index(1 << 20, None, None, true), Coop);
-    assert_eq!(dsa::auto_index(coop, Some("0"), None, true), Tiled, "coop switched off");
-    assert_eq!(dsa::auto_index(coop, None, Some("tiled"), true), Tiled);
-    assert_eq!(dsa::auto_index(1, Some("1"), None, true), Coop);
-    assert_eq!(dsa::auto_index(1 << 20, Some("1"), None, false), Tiled, "no coop on this adapter");
-    assert_eq!(dsa::auto_index(1 << 20, Some("0"), Some("simt"), true), Simt);
-    assert_eq!(dsa::auto_index(1, None, Some("tiled"), false), Tiled);
+    assert_eq!(dsa::auto_index(coop - 1, 1, None, None, true), below);
+    assert_eq!(dsa::auto_index(coop, 1, None, None, true), Coop);
+    assert_eq!(dsa::auto_index(1 << 20, 1, None, None, true), Coop);
+    assert_eq!(dsa::auto_index(coop, 1, Some("0"), None, true), Tiled, "coop switched off");
+    assert_eq!(dsa::auto_index(coop, 1, None, Some("tiled"), true), Tiled);
+    assert_eq!(dsa::auto_index(1, 1, Some("1"), None, true), Coop);
+    assert_eq!(dsa::auto_index(1 << 20, 1, Some("1"), None, false), Tiled, "no coop on this adapter");
+    // Blocks of queries (prefill): coop at every length where the adapter has it.
+    assert_eq!(dsa::auto_index(97, 2, None, None, true), Coop);
+    assert_eq!(dsa::auto_index(97, 2, None, None, false), Simt);
+    assert_eq!(dsa::auto_index(97, 512, Some("0"), None, true), Simt, "coop switched off");
+    assert_eq!(dsa::auto_index(97, 512, None, Some("tiled"), true), Tiled);
+    assert_eq!(dsa::auto_index(1 << 20, 1, Some("0"), Some("simt"), true), Simt);
+    assert_eq!(dsa::auto_index(1, 1, None, Some("tiled"), false), Tiled);
     for env in [Some("TILED"), Some(""), Some("coop")] {
-        assert_eq!(dsa::auto_index(min - 1, None, env, false), Simt, "{env:?} keeps the length rule");
-        assert_eq!(dsa::auto_index(min, None, env, false), Tiled, "{env:?} keeps the length rule");
-        assert_eq!(dsa::auto_index(coop, None, env, true), Coop, "{env:?} keeps the length rule");
+        assert_eq!(dsa::auto_index(min - 1, 1, None, env, false), Simt, "{env:?} keeps the length rule");
+        assert_eq!(dsa::auto_index(min, 1, None, env, false), Tiled, "{env:?} keeps the length rule");
+        assert_eq!(dsa::auto_index(coop, 1, None, env, true), Coop, "{env:?} keeps the length rule");
     }
 }
 
@@ -249,17 +254,22 @@ fn auto_indexer_picks_by_row_length_and_environment() {
 #[test]
 fn indexer_k31_shape_every_variant_matches_reference() {
     let Some(g) = gpu() else { return };
-    let (ih, id, t) = (32, 128, 3);
+    let (ih, id) = (32, 128);
     let variants = [dsa::IndexVariant::Simt, dsa::IndexVariant::Auto, dsa::IndexVariant::Tiled];
     let mut indexers: Vec<Indexer> = variants.map(Indexer::Variant).into();
     indexers.push(Indexer::Kernel(dsa::INDEX_SCORES_TILED_T64));
     // Both SIMT tilings whatever the length rule picks.
     indexers.push(Indexer::Kernel(dsa::INDEX_SCORES_K31));
     indexers.push(Indexer::Kernel(dsa::INDEX_SCORES_K31_T32));
+    // (n_pos, first page rows, q_pos0, queries)
+    let mut cases = vec![(1337usize, 16usize, 700usize, 3usize), (2113, 1024, 2110, 3), (97, 8, 0, 3)];
     if dsa::coop_indexer_available(&g, ih, id) {
+        // Coop runs blocks of queries 8 to a workgroup: 11 queries leave the second one 5 empty.
         indexers.push(Indexer::Variant(dsa::IndexVariant::Coop));
+        indexers.push(Indexer::Variant(dsa::IndexVariant::CoopPerQuery));
+        cases.extend([(1337, 16, 1000, 11), (70, 8, 0, 1)]);
     }
-    for &(n_pos, page0, q_pos0) in &[(1337usize, 16usize, 700usize), (2113, 1024, 2110), (97, 8, 0)] {
+    for &(n_pos, page0, q_pos0, t) in &cases {
         let q = random_vec(31 + n_pos as u64, t * ih * id);
         let w = random_vec(32 + n_pos as u64, t * ih);
         let keys = bf16_round(&random_vec(33 + n_pos as u64, n_pos * id));

@@ -8,6 +8,7 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 /// The capabilities k31 may enable on a device; variants that need one declare it.
 /// (f16-in-f32 packing is core WGSL; naga gates it only for GL ES downlevel devices.)
 const CAPS: Capabilities = Capabilities::SUBGROUP
+    .union(Capabilities::SUBGROUP_BARRIER)
     .union(Capabilities::SHADER_FLOAT16)
     .union(Capabilities::SHADER_INT64)
     .union(Capabilities::COOPERATIVE_MATRIX)

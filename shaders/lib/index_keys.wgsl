@@ -61,3 +61,25 @@ fn key_vec8(page: u32, i: u32, stride: u32) -> array<vec4<u32>, 8> {
         default: { return array<vec4<u32>, 8>(k15[i], k15[i + 1u * stride], k15[i + 2u * stride], k15[i + 3u * stride], k15[i + 4u * stride], k15[i + 5u * stride], k15[i + 6u * stride], k15[i + 7u * stride]); }
     }
 }
+
+// Four 16-byte loads from one page, `stride` apart, under one branch (key_vec8's half).
+fn key_vec4n(page: u32, i: u32, stride: u32) -> array<vec4<u32>, 4> {
+    switch page {
+        case 0u: { return array<vec4<u32>, 4>(k0[i], k0[i + stride], k0[i + 2u * stride], k0[i + 3u * stride]); }
+        case 1u: { return array<vec4<u32>, 4>(k1[i], k1[i + stride], k1[i + 2u * stride], k1[i + 3u * stride]); }
+        case 2u: { return array<vec4<u32>, 4>(k2[i], k2[i + stride], k2[i + 2u * stride], k2[i + 3u * stride]); }
+        case 3u: { return array<vec4<u32>, 4>(k3[i], k3[i + stride], k3[i + 2u * stride], k3[i + 3u * stride]); }
+        case 4u: { return array<vec4<u32>, 4>(k4[i], k4[i + stride], k4[i + 2u * stride], k4[i + 3u * stride]); }
+        case 5u: { return array<vec4<u32>, 4>(k5[i], k5[i + stride], k5[i + 2u * stride], k5[i + 3u * stride]); }
+        case 6u: { return array<vec4<u32>, 4>(k6[i], k6[i + stride], k6[i + 2u * stride], k6[i + 3u * stride]); }
+        case 7u: { return array<vec4<u32>, 4>(k7[i], k7[i + stride], k7[i + 2u * stride], k7[i + 3u * stride]); }
+        case 8u: { return array<vec4<u32>, 4>(k8[i], k8[i + stride], k8[i + 2u * stride], k8[i + 3u * stride]); }
+        case 9u: { return array<vec4<u32>, 4>(k9[i], k9[i + stride], k9[i + 2u * stride], k9[i + 3u * stride]); }
+        case 10u: { return array<vec4<u32>, 4>(k10[i], k10[i + stride], k10[i + 2u * stride], k10[i + 3u * stride]); }
+        case 11u: { return array<vec4<u32>, 4>(k11[i], k11[i + stride], k11[i + 2u * stride], k11[i + 3u * stride]); }
+        case 12u: { return array<vec4<u32>, 4>(k12[i], k12[i + stride], k12[i + 2u * stride], k12[i + 3u * stride]); }
+        case 13u: { return array<vec4<u32>, 4>(k13[i], k13[i + stride], k13[i + 2u * stride], k13[i + 3u * stride]); }
+        case 14u: { return array<vec4<u32>, 4>(k14[i], k14[i + stride], k14[i + 2u * stride], k14[i + 3u * stride]); }
+        default: { return array<vec4<u32>, 4>(k15[i], k15[i + stride], k15[i + 2u * stride], k15[i + 3u * stride]); }
+    }
+}

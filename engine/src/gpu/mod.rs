@@ -43,6 +43,8 @@ pub enum GpuError {
 pub struct Capabilities {
     pub f16: bool,
     pub subgroups: bool,
+    /// `subgroupBarrier()` (Vulkan has it wherever it has subgroups).
+    pub subgroup_barrier: bool,
     pub timestamps: bool,
     /// Timestamps between the dispatches of one compute pass (per-op times while dispatches
     /// share passes).
@@ -120,6 +122,7 @@ impl Gpu {
         let info = adapter.get_info();
         let want = wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
+            | wgpu::Features::SUBGROUP_BARRIER
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
@@ -146,6 +149,7 @@ impl Gpu {
         let caps = Capabilities {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroups: features.contains(wgpu::Features::SUBGROUP),
+            subgroup_barrier: features.contains(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
             timestamps_in_passes: features.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             coopmat,

@@ -105,6 +105,24 @@ pub const INDEX_SCORES_COOP_BF16: Kernel =
         .coopmat()
         .subgroups()
         .unchecked();
+/// [`INDEX_SCORES_COOP`] for blocks of queries (prefill): one workgroup per 8 queries
+/// (dsa_index_coop_mq.wgsl), each staged 64-position key tile multiplied by all eight, where the
+/// one-query kernel stages and converts every key once per query. Same scheme, same scores.
+pub const INDEX_SCORES_COOP_MQ: Kernel =
+    Kernel::new("index_scores_coop_mq", "dsa_index_coop_mq", "index_scores_coop_mq")
+        .with_constants(&[("QSPLIT", 1.0)])
+        .coopmat()
+        .subgroups()
+        .unchecked();
+/// [`INDEX_SCORES_COOP_MQ`] for [`IndexPrecision::Bf16`] (one product per fragment).
+pub const INDEX_SCORES_COOP_MQ_BF16: Kernel =
+    Kernel::new("index_scores_coop_mq_bf16", "dsa_index_coop_mq", "index_scores_coop_mq")
+        .with_constants(&[("QSPLIT", 0.0)])
+        .coopmat()
+        .subgroups()
+        .unchecked();
+/// Queries per workgroup of [`INDEX_SCORES_COOP_MQ`] (QB in the shader).
+const COOP_MQ_QUERIES: usize = 8;
 /// The original kernel, q rounded to f16 (~4e-4 of the largest score; moved 1-2 of 2048
 /// selected positions on the H200). Its former hi+lo form measured the same: the driver folds
 /// f32(f16(x)) to x, so lo was zero.
@@ -183,6 +201,8 @@ pub const KERNELS: &[Kernel] = &[
     INDEX_SCORES_COOP,
     INDEX_SCORES_COOP_BF16,
     INDEX_SCORES_COOP_F16,
+    INDEX_SCORES_COOP_MQ,
+    INDEX_SCORES_COOP_MQ_BF16,
     TOPK_HIST,
     TOPK_GATHER,
     TOPK_RANK,
@@ -527,7 +547,8 @@ impl PagedRows {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum IndexVariant {
     /// By row length ([`auto_index`]): SIMT below [`TILED_INDEX_MIN_POS`] positions, tiled
-    /// from there, coop from [`COOP_INDEX_MIN_POS`] where the adapter has it. `K31_DSA_COOP=1`
+    /// from there, coop from [`COOP_INDEX_MIN_POS`] (for blocks of queries at every length)
+    /// where the adapter has it. `K31_DSA_COOP=1`
     /// picks coop at every length, `0` never; `K31_DSA_INDEX=simt` or `tiled` that kernel at
     /// every length.
     Auto,
@@ -542,6 +563,9 @@ pub enum IndexVariant {
     Coop,
     /// The original coop kernel, q rounded to f16 (timing only: not f32-exact).
     CoopF16,
+    /// [`IndexVariant::Coop`]'s one-query kernel for blocks of queries too (benchmarks: `Coop`
+    /// runs blocks of queries through [`INDEX_SCORES_COOP_MQ`]).
+    CoopPerQuery,
 }
 
 /// Workgroups of the coop indexer per query (grid-strided over its 128-position tiles): one per
@@ -560,11 +584,13 @@ pub fn set_index_coop_groups(n: usize) -> usize {
 pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool {
     gpu.caps.coopmat
         && gpu.caps.subgroups
+        && gpu.caps.subgroup_barrier
         && gpu.caps.subgroup_min == 32
         && gpu.caps.subgroup_max == 32
         && heads == 32
         && head_dim == 128
         && gpu.pipelines.fits(gpu, &INDEX_SCORES_COOP).unwrap_or(false)
+        && gpu.pipelines.fits(gpu, &INDEX_SCORES_COOP_MQ).unwrap_or(false)
 }
 
 /// The precision of the indexer's query (spec 5.3; index keys are bf16 either way, as stored).
@@ -630,17 +656,23 @@ pub const TILED_INDEX_MIN_POS: usize = 8192;
 /// / 51.2 / 191 / 366, SIMT 11.6 / 26.3 / 89.2 / 350 / 689.
 pub const COOP_INDEX_MIN_POS: usize = TILED_INDEX_MIN_POS;
 
-/// The kernel [`IndexVariant::Auto`] runs for a row of `n_pos` positions, given the values of
-/// `K31_DSA_COOP` ("1": the coop kernel wherever `coop_ok`; "0": never) and `K31_DSA_INDEX`
-/// ("simt" or "tiled": that kernel at every length; unset or anything else: the length rule).
-pub fn auto_index(n_pos: usize, coop_env: Option<&str>, index_env: Option<&str>, coop_ok: bool) -> IndexVariant {
+/// The kernel [`IndexVariant::Auto`] runs for `n_queries` rows of `n_pos` positions, given the
+/// values of `K31_DSA_COOP` ("1": the coop kernel wherever `coop_ok`; "0": never) and
+/// `K31_DSA_INDEX` ("simt" or "tiled": that kernel at every length; unset or anything else: the
+/// length rule). Blocks of queries (prefill) run coop at every length where the adapter has it:
+/// its block kernel ([`INDEX_SCORES_COOP_MQ`]) stages each key tile once for 8 queries. H200
+/// (2026-12-01, twenty-sixth session, `dsa --prefill-indexer`, 512 queries): 49.7 / 78.9 / 139 /
+/// 256 / 1025 / 3985 us at 1K / 2K / 4K / 8K / 32K / 128K positions, tiled 148 / 319 / 656 / 1345
+/// / 5429 / 21808, SIMT 391 / 880 / 1233 / 2527 / 10149 / 41194, the one-query coop kernel 244 /
+/// 480 / 981 / 1888 / 3356 / 9726.
+pub fn auto_index(n_pos: usize, n_queries: usize, coop_env: Option<&str>, index_env: Option<&str>, coop_ok: bool) -> IndexVariant {
     if coop_ok && coop_env == Some("1") {
         return IndexVariant::Coop;
     }
     match index_env {
         Some("simt") => IndexVariant::Simt,
         Some("tiled") => IndexVariant::Tiled,
-        _ if coop_ok && coop_env != Some("0") && n_pos >= COOP_INDEX_MIN_POS => IndexVariant::Coop,
+        _ if coop_ok && coop_env != Some("0") && (n_pos >= COOP_INDEX_MIN_POS || n_queries > 1) => IndexVariant::Coop,
         _ if n_pos >= TILED_INDEX_MIN_POS => IndexVariant::Tiled,
         _ => IndexVariant::Simt,
     }
@@ -682,7 +714,7 @@ pub fn index_scores_variant(
     let variant = match variant {
         IndexVariant::Auto => {
             let (coop_env, index) = index_env();
-            auto_index(n_pos, coop_env.as_deref(), index.as_deref(), coop_ok)
+            auto_index(n_pos, n_queries, coop_env.as_deref(), index.as_deref(), coop_ok)
         }
         v => v,
     };
@@ -691,13 +723,15 @@ pub fn index_scores_variant(
         IndexVariant::Auto | IndexVariant::Simt if n_pos < SHORT_INDEX_MAX_POS && (heads, id) == (32, 128) => INDEX_SCORES_K31_T32,
         IndexVariant::Auto | IndexVariant::Simt => index_kernel(heads, id)?,
         IndexVariant::Tiled => index_kernel_tiled(heads, id)?,
-        IndexVariant::Coop | IndexVariant::CoopF16 if !coop_ok => {
+        IndexVariant::Coop | IndexVariant::CoopF16 | IndexVariant::CoopPerQuery if !coop_ok => {
             return Err(shape_err(format!(
                 "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128 and 45 KB of workgroup memory)"
             )))
         }
-        IndexVariant::Coop if precision == IndexPrecision::Bf16 => INDEX_SCORES_COOP_BF16,
-        IndexVariant::Coop => INDEX_SCORES_COOP,
+        IndexVariant::Coop if n_queries > 1 && precision == IndexPrecision::Bf16 => INDEX_SCORES_COOP_MQ_BF16,
+        IndexVariant::Coop if n_queries > 1 => INDEX_SCORES_COOP_MQ,
+        IndexVariant::Coop | IndexVariant::CoopPerQuery if precision == IndexPrecision::Bf16 => INDEX_SCORES_COOP_BF16,
+        IndexVariant::Coop | IndexVariant::CoopPerQuery => INDEX_SCORES_COOP,
         IndexVariant::CoopF16 => INDEX_SCORES_COOP_F16,
     };
     index_scores_kernel(gpu, enc, kernel, keys, heads, precision, q, w, scores, n_queries, q_pos0, n_pos, row_stride, profiler)
@@ -746,8 +780,12 @@ pub fn index_scores_kernel(
     let mut entries = vec![(1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
     let tiles = n_pos.div_ceil(index_tile(&kernel));
-    let groups = if kernel.needs_coopmat {
-        let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
+    let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
+    let groups = if kernel.name.starts_with("index_scores_coop_mq") {
+        // One wave over all query groups (each grid-strides over the tiles).
+        let qgroups = n_queries.div_ceil(COOP_MQ_QUERIES);
+        [tiles.clamp(1, (cap / qgroups).max(1)) as u32, qgroups as u32, 1]
+    } else if kernel.needs_coopmat {
         [tiles.clamp(1, cap) as u32, n_queries as u32, 1]
     } else {
         [tiles as u32, n_queries as u32, 1]
