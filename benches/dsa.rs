@@ -316,10 +316,10 @@ fn main() -> anyhow::Result<()> {
             if s <= 32768 && !mla_only {
                 indexer_checks(&gpu, s)?;
             }
-            // Grid of the coop indexer (workgroups per query; the default is 132 = one per H200 SM).
-            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from && !indexer_only && !mla_only {
+            // Grid of the coop indexer (workgroups per query; the default is 264 = two per H200 SM).
+            if dsa::coop_indexer_available(&gpu, IH, ID) && s >= cliff_from && !mla_only {
                 let tmp = gpu.storage("scores grid", (s * 4) as u64);
-                for groups in [66, 264, 528, 1056] {
+                for groups in [132, 528, 1056] {
                     let prev = dsa::set_index_coop_groups(groups);
                     let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                         dsa::index_scores_variant(&gpu, enc, IndexVariant::Coop, &keys, IH, F32, &q, &w, &tmp, 1, s - 1, s, s, prof)

@@ -2,17 +2,20 @@
 // only (32 heads x 128): the same contract as index_scores in indexer.wgsl (its SIMT twin),
 //   I[t, s] = w_scale * sum_j w[t, j] * relu(q[t, j] . k[s])      for s <= q_pos0 + t, else -inf.
 //
-// One workgroup (8 subgroups of 32; the host runs this only where the subgroup size is 32) per
-// query t (workgroup_id.y), grid-strided over tiles of TILE = 128 positions:
-//   C[32 heads, 128 positions] = Q[32, 128] K^T[128, 128]
+// Workgroups of 4 subgroups of 32 (the host runs this only where the subgroup size is 32) per
+// query t (workgroup_id.y), grid-strided over tiles of TILE = 64 positions:
+//   C[32 heads, 64 positions] = Q[32, 128] K^T[128, 64]
 // Subgroup w owns positions 16 w .. +15 of the tile and all 32 heads: two accumulator chains (heads
 // 0-15 and 16-31) share each key fragment, and its 32 A fragments (q for both head halves, hi and
-// lo) stay in registers for the whole kernel. Keys are loaded as bf16 (the next tile's eight
+// lo) stay in registers for the whole kernel (~250 registers: two such 128-thread workgroups fit
+// an H200 SM and hide each other's barriers and load waits, 8-12 % faster than one of 256
+// threads on 128-position tiles). Keys are loaded as bf16 (the next tile's eight
 // loads per thread issued under one branch before this tile is multiplied; one branch per load
 // made each wait for the one before), converted to f16
 // into workgroup memory (rows padded to 272 bytes: conflict-free fragment loads), one key per
-// column of B. The accumulators go through workgroup memory, one head half at a time, to the
-// ReLU and head-weight sum (two lanes per position, joined by a shuffle).
+// column of B. The accumulators go through the subgroup's own slice of workgroup memory (ordered by
+// subgroup barriers), one head half at a time, to the ReLU and head-weight sum (two lanes per
+// position, joined by a shuffle).
 // QSPLIT: q = hi + lo with both parts f16, two products per fragment; without it q is rounded to
 // f16 (about 5e-4 relative per head dot), or with EXACT masked to its top 11 significant bits,
 // which is exact for q read in bf16 (p.q_bf16: the host's bf16 precision variant).
@@ -40,13 +43,13 @@ override EXACT: bool = true;
 override KEY_SCALE: f32 = 1024.0;
 const IH: u32 = 32u;
 const ID: u32 = 128u;
-const TILE: u32 = 128u;
-const WG: u32 = 256u;
+const TILE: u32 = 64u;
+const WG: u32 = 128u;
 const KV4: u32 = 32u;   // vec4<f16> per key row
 const KS4: u32 = 34u;   // row stride of staged keys and q in workgroup memory (vec4<f16>)
-const CS: u32 = 20u;    // f32 stride between positions of a staged accumulator tile (16 + 4: banks)
+const CS4: u32 = 5u;    // vec4 stride between positions of a stored accumulator tile (conflict-free vec4 reads)
 const LOADS: u32 = 8u;  // vec4<u32> (8 bf16) key loads per thread per tile: TILE * 16 / WG
-const ROWS: u32 = 16u;  // tile rows one load step covers: WG / 16
+const ROWS: u32 = 8u;  // tile rows one load step covers: WG / 16
 
 @group(0) @binding(0) var<uniform> p: IndexParams;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
@@ -55,23 +58,18 @@ const ROWS: u32 = 16u;  // tile rows one load step covers: WG / 16
 #include "lib/index_keys.wgsl"
 #include "lib/index_query.wgsl"
 
-var<workgroup> kt: array<vec4<f16>, 4352>;  // TILE keys x KS4 (also q's staging before the loop)
-var<workgroup> cs: array<f32, 2560>;        // per subgroup a 16 x 16 tile, positions CS apart
+var<workgroup> kt: array<vec4<f16>, 2176>;  // TILE keys x KS4 (also q's staging before the loop)
+var<workgroup> cs: array<vec4<f32>, 320>;   // per subgroup a 16 x 16 tile, positions CS4 apart
 var<workgroup> ws: array<f32, 32>;
-var<workgroup> hs: array<f32, 32>;          // undoes the q and key scales (EXACT)
+var<workgroup> wh: array<f32, 32>;          // weights with the q and key scales undone
 var<workgroup> qs: array<f32, 32>;          // per-head power-of-two scale of q (EXACT)
 var<workgroup> qmb: array<atomic<u32>, 32>; // per head: max |q| as f32 bits
-var<workgroup> bad: array<u32, 128>;        // per tile position: key beyond the exact range
+var<workgroup> bad: array<u32, 64>;        // per tile position: key beyond the exact range
 
 #include "lib/page_locate.wgsl"
+#include "lib/index_coop_keys.wgsl"
 
-fn bf_lo(x: u32) -> f32 {
-    return bitcast<f32>(x << 16u);
-}
 
-fn bf_hi(x: u32) -> f32 {
-    return bitcast<f32>(x & 0xffff0000u);
-}
 
 // This thread's loads of the tile at s0: 16-byte chunk lid % 16 of rows s0 + lid / 16 + 16 j.
 // One branch when they share a page (always, for pages of 128 rows or more), else one by one.
@@ -88,50 +86,8 @@ fn load_tile(s0: u32, lid: u32) -> array<vec4<u32>, LOADS> {
     );
 }
 
-// 16-byte chunk lid % 16 of key row r (zero past n_pos).
-fn key_row(r: u32, lid: u32) -> vec4<u32> {
-    if (r >= p.n_pos) {
-        return vec4<u32>(0u);
-    }
-    let a = locate(r);
-    return key_vec(a.x, a.y * 16u + lid % 16u);
-}
 
-// Load j of this thread as f16 into its tile row (scaled into the exact range with EXACT).
-fn stage_keys(v: vec4<u32>, j: u32, lid: u32) {
-    let row = lid / 16u + j * ROWS;
-    let at = row * KS4 + (lid % 16u) * 2u;
-    let f0 = vec4<f32>(bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y));
-    let f1 = vec4<f32>(bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w));
-    var ks = 1.0;
-    if (EXACT) {
-        ks = KEY_SCALE;
-        let m4 = max(abs(f0), abs(f1));
-        if (!(max(max(m4.x, m4.y), max(m4.z, m4.w)) * KEY_SCALE <= 65504.0)) {
-            bad[row] = 1u;
-        }
-    }
-    kt[at] = vec4<f16>(f0 * ks);
-    kt[at + 1u] = vec4<f16>(f1 * ks);
-}
 
-// f32 score of one position straight from the bf16 key (the out-of-range fallback).
-fn exact_score(t: u32, pos: u32) -> f32 {
-    let at = locate(pos);
-    var s = 0.0;
-    for (var h = 0u; h < IH; h++) {
-        var d = 0.0;
-        for (var c = 0u; c < ID / 8u; c++) {
-            let kw = key_vec(at.x, at.y * (ID / 8u) + c);
-            let ka = vec4<f32>(bf_lo(kw.x), bf_hi(kw.x), bf_lo(kw.y), bf_hi(kw.y));
-            let kb = vec4<f32>(bf_lo(kw.z), bf_hi(kw.z), bf_lo(kw.w), bf_hi(kw.w));
-            let qi = t * (IH * ID / 4u) + h * (ID / 4u) + 2u * c;
-            d += dot(query4(qi), ka) + dot(query4(qi + 1u), kb);
-        }
-        s += ws[h] * max(d, 0.0);
-    }
-    return s;
-}
 
 // q (scaled per head) into kt rows 0..31: its hi part, or with lo its residual.
 fn stage_q(t: u32, lid: u32, lo: bool) {
@@ -158,18 +114,18 @@ fn b_frag(sg: u32, kk: u32) -> coop_mat16x16<f16, B> {
     return coopLoad<coop_mat16x16<f16, B>>(&kt[sg * 16u * KS4 + kk * 4u], KS4);
 }
 
-// ReLU and head weights of one head half (16 heads) of this lane's position, from cs.
+// ReLU and head weights of one head half (16 heads) of this lane's position, from cs: eight
+// heads per lane (the scales are powers of two, so weight x scale x ReLU(c) is weight x ReLU(c x
+// scale) exactly).
 fn head_half(sg: u32, lane: u32, mt: u32) -> f32 {
-    let at = sg * 16u * CS + (lane % 16u) * CS + (lane / 16u) * 8u;
+    let at = sg * 16u * CS4 + (lane % 16u) * CS4 + (lane / 16u) * 2u;
     let h0 = mt * 16u + (lane / 16u) * 8u;
-    var sum = 0.0;
-    for (var j = 0u; j < 8u; j++) {
-        sum += ws[h0 + j] * max(cs[at + j] * hs[h0 + j], 0.0);
-    }
-    return sum;
+    let x0 = max(cs[at], vec4<f32>(0.0)) * vec4<f32>(wh[h0], wh[h0 + 1u], wh[h0 + 2u], wh[h0 + 3u]);
+    let x1 = max(cs[at + 1u], vec4<f32>(0.0)) * vec4<f32>(wh[h0 + 4u], wh[h0 + 5u], wh[h0 + 6u], wh[h0 + 7u]);
+    return ((x0.x + x0.y) + (x0.z + x0.w)) + ((x1.x + x1.y) + (x1.z + x1.w));
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(128)
 fn index_scores_coop(
     @builtin(workgroup_id) wg: vec3<u32>,
     @builtin(num_workgroups) nwg: vec3<u32>,
@@ -199,9 +155,10 @@ fn index_scores_coop(
         if (EXACT && m > 0.0) {
             e = clamp(13i - (i32((bitcast<u32>(m) >> 23u) & 0xffu) - 127i), -100i, 100i);
         }
-        ws[lid] = raw_weight(t * IH + lid) * p.w_scale;
+        let wt = raw_weight(t * IH + lid) * p.w_scale;
+        ws[lid] = wt;
         qs[lid] = ldexp(1.0, e);
-        hs[lid] = select(1.0, ldexp(1.0, -e) / KEY_SCALE, EXACT);
+        wh[lid] = wt * select(1.0, ldexp(1.0, -e) / KEY_SCALE, EXACT);
     }
     workgroupBarrier();
     stage_q(t, lid, false);
@@ -298,12 +255,13 @@ fn index_scores_coop(
         c0 = coopMultiplyAdd(h07, b, c0);
         c1 = coopMultiplyAdd(h17, b, c1);
         if (QSPLIT) { c0 = coopMultiplyAdd(l07, b, c0); c1 = coopMultiplyAdd(l17, b, c1); }
-        coopStore(c0, &cs[sg * 16u * CS], CS);
-        workgroupBarrier();
+        // Only this subgroup reads its tile: subgroup barriers order the stores and reads.
+        coopStore(c0, &cs[sg * 16u * CS4], CS4);
+        subgroupBarrier();
         var sum = head_half(sg, lane, 0u);
-        workgroupBarrier();
-        coopStore(c1, &cs[sg * 16u * CS], CS);
-        workgroupBarrier();
+        subgroupBarrier();
+        coopStore(c1, &cs[sg * 16u * CS4], CS4);
+        subgroupBarrier();
         sum += head_half(sg, lane, 1u);
         sum += subgroupShuffleXor(sum, 16u);
         let row = sg * 16u + lane;
@@ -313,7 +271,7 @@ fn index_scores_coop(
             if (pos > last) {
                 v = bitcast<f32>(0xff800000u);
             } else if (EXACT && bad[row] != 0u) {
-                v = exact_score(t, pos);
+                v = exact_score(0u, t, pos);
             }
             scores[t * p.row_stride + pos] = v;
         }

@@ -32,6 +32,7 @@ struct IndexParams {
 
 override QSPLIT: bool = true;
 override KEY_SCALE: f32 = 1024.0;
+const EXACT: bool = true;
 const IH: u32 = 32u;
 const ID: u32 = 128u;
 const QB: u32 = 8u;     // queries per workgroup: one per subgroup
@@ -60,23 +61,10 @@ var<workgroup> qmb: array<atomic<u32>, 256>; // [query, head]: max |q| as f32 bi
 var<workgroup> bad: array<u32, 64>;          // per tile position: key beyond the exact range
 
 #include "lib/page_locate.wgsl"
+#include "lib/index_coop_keys.wgsl"
 
-fn bf_lo(x: u32) -> f32 {
-    return bitcast<f32>(x << 16u);
-}
 
-fn bf_hi(x: u32) -> f32 {
-    return bitcast<f32>(x & 0xffff0000u);
-}
 
-// 16-byte chunk lid % 16 of key row r (zero past n_pos).
-fn key_row(r: u32, lid: u32) -> vec4<u32> {
-    if (r >= p.n_pos) {
-        return vec4<u32>(0u);
-    }
-    let a = locate(r);
-    return key_vec(a.x, a.y * 16u + lid % 16u);
-}
 
 // This thread's loads of the tile at s0: chunk lid % 16 of rows s0 + lid / 16 + 16 j.
 fn load_tile(s0: u32, lid: u32) -> array<vec4<u32>, LOADS> {
@@ -88,37 +76,7 @@ fn load_tile(s0: u32, lid: u32) -> array<vec4<u32>, LOADS> {
     return array<vec4<u32>, LOADS>(key_row(pos, lid), key_row(pos + ROWS, lid), key_row(pos + 2u * ROWS, lid), key_row(pos + 3u * ROWS, lid));
 }
 
-// Load j of this thread as f16 (scaled into the exact range) into its tile row.
-fn stage_keys(v: vec4<u32>, j: u32, lid: u32) {
-    let row = lid / 16u + j * ROWS;
-    let at = row * KS4 + (lid % 16u) * 2u;
-    let f0 = vec4<f32>(bf_lo(v.x), bf_hi(v.x), bf_lo(v.y), bf_hi(v.y));
-    let f1 = vec4<f32>(bf_lo(v.z), bf_hi(v.z), bf_lo(v.w), bf_hi(v.w));
-    let m4 = max(abs(f0), abs(f1));
-    if (!(max(max(m4.x, m4.y), max(m4.z, m4.w)) * KEY_SCALE <= 65504.0)) {
-        bad[row] = 1u;
-    }
-    kt[at] = vec4<f16>(f0 * KEY_SCALE);
-    kt[at + 1u] = vec4<f16>(f1 * KEY_SCALE);
-}
 
-// f32 score of query t (the workgroup's qi-th) at one position, straight from the bf16 key.
-fn exact_score(qi: u32, t: u32, pos: u32) -> f32 {
-    let at = locate(pos);
-    var s = 0.0;
-    for (var h = 0u; h < IH; h++) {
-        var d = 0.0;
-        for (var c = 0u; c < ID / 8u; c++) {
-            let kw = key_vec(at.x, at.y * (ID / 8u) + c);
-            let ka = vec4<f32>(bf_lo(kw.x), bf_hi(kw.x), bf_lo(kw.y), bf_hi(kw.y));
-            let kb = vec4<f32>(bf_lo(kw.z), bf_hi(kw.z), bf_lo(kw.w), bf_hi(kw.w));
-            let qi4 = t * (IH * KV4) + h * KV4 + 2u * c;
-            d += dot(query4(qi4), ka) + dot(query4(qi4 + 1u), kb);
-        }
-        s += ws[qi * IH + h] * max(d, 0.0);
-    }
-    return s;
-}
 
 // Dims 16 kk .. + 15 of every query's q (scaled per head) into kt: hi = the top 11 significant
 // bits (exact in f16), lo = the exact f32 residual.
@@ -323,7 +281,7 @@ fn index_scores_coop_mq(
                 if (pos > last) {
                     v = bitcast<f32>(0xff800000u);
                 } else if (bad[row] != 0u) {
-                    v = exact_score(sg, t, pos);
+                    v = exact_score(sg * IH, t, pos);
                 }
                 scores[t * p.row_stride + pos] = v;
             }

@@ -87,7 +87,7 @@ pub const INDEX_SCORES_TILED_T64: Kernel = Kernel::new("index_scores_tiled_t64",
 const TILED_THREADS: usize = 256;
 /// The K3.1 indexer (32 x 128) on cooperative matrices, q scaled per head and split into two f16
 /// parts by masking, keys scaled into the exact f16 range (f32 recomputation beyond it): within
-/// ~6e-7 of the f32 kernel on the H200. 128-position tiles, each of the 8 subgroups 16 positions
+/// ~6e-7 of the f32 kernel on the H200. 64-position tiles, each of the 4 subgroups 16 positions
 /// x all 32 heads (two accumulator chains per key fragment), the next tile's keys loaded under
 /// one branch per thread; the default from [`COOP_INDEX_MIN_POS`] positions (see
 /// [`IndexVariant::Auto`]).
@@ -123,6 +123,9 @@ pub const INDEX_SCORES_COOP_MQ_BF16: Kernel =
         .unchecked();
 /// Queries per workgroup of [`INDEX_SCORES_COOP_MQ`] (QB in the shader).
 const COOP_MQ_QUERIES: usize = 8;
+/// Workgroups of [`INDEX_SCORES_COOP_MQ`] in one wave on the H200 (one per SM: 219 registers x
+/// 256 threads); a 264-workgroup grid measured 0-35 % slower.
+const COOP_MQ_WAVE: usize = 132;
 /// The original kernel, q rounded to f16 (~4e-4 of the largest score; moved 1-2 of 2048
 /// selected positions on the H200). Its former hi+lo form measured the same: the driver folds
 /// f32(f16(x)) to x, so lo was zero.
@@ -568,19 +571,19 @@ pub enum IndexVariant {
     CoopPerQuery,
 }
 
-/// Workgroups of the coop indexer per query (grid-strided over its 128-position tiles): one per
-/// H200 SM, since one fits an SM (249 registers x 256 threads) and each further wave repeats
-/// the q prologue (H200, seventeenth session: 28.5 / 30.4 / 33.8 / 41.7 us at 128K positions
-/// with 132 / 264 / 528 / 1056); [`set_index_coop_groups`] changes it (benchmarks).
-static INDEX_COOP_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(132);
+/// Workgroups of the one-query coop indexer per query (grid-strided over its 64-position tiles):
+/// two per H200 SM, since two fit one (~250 registers x 128 threads) and each further wave repeats
+/// the q prologue (H200, twenty-sixth session: 25.2 / 28.4 / 33.5 us at 128K positions with 264 /
+/// 528 / 1056, 147.8 / 150.5 / 156.2 at 1M); [`set_index_coop_groups`] changes it (benchmarks).
+static INDEX_COOP_GROUPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(264);
 
 /// Sets the coop indexer's workgroups per query (at least 1); returns the previous value.
 pub fn set_index_coop_groups(n: usize) -> usize {
     INDEX_COOP_GROUPS.swap(n.max(1), std::sync::atomic::Ordering::Relaxed)
 }
 
-/// The coop indexer exists for 32 heads x 128 only, assumes 32-wide subgroups (8 per
-/// workgroup) and needs its 45 KB of workgroup memory.
+/// The coop indexers exist for 32 heads x 128 only, assume 32-wide subgroups (and subgroup
+/// barriers) and need up to 42 KB of workgroup memory (the block kernel's).
 pub fn coop_indexer_available(gpu: &Gpu, heads: usize, head_dim: usize) -> bool {
     gpu.caps.coopmat
         && gpu.caps.subgroups
@@ -725,7 +728,7 @@ pub fn index_scores_variant(
         IndexVariant::Tiled => index_kernel_tiled(heads, id)?,
         IndexVariant::Coop | IndexVariant::CoopF16 | IndexVariant::CoopPerQuery if !coop_ok => {
             return Err(shape_err(format!(
-                "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups, 32 x 128 and 45 KB of workgroup memory)"
+                "index_scores: no cooperative-matrix indexer for {heads} x {id} on this adapter (needs coop, 32-wide subgroups with barriers, 32 x 128 and 42 KB of workgroup memory)"
             )))
         }
         IndexVariant::Coop if n_queries > 1 && precision == IndexPrecision::Bf16 => INDEX_SCORES_COOP_MQ_BF16,
@@ -780,12 +783,12 @@ pub fn index_scores_kernel(
     let mut entries = vec![(1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
     let tiles = n_pos.div_ceil(index_tile(&kernel));
-    let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
     let groups = if kernel.name.starts_with("index_scores_coop_mq") {
         // One wave over all query groups (each grid-strides over the tiles).
         let qgroups = n_queries.div_ceil(COOP_MQ_QUERIES);
-        [tiles.clamp(1, (cap / qgroups).max(1)) as u32, qgroups as u32, 1]
+        [tiles.clamp(1, (COOP_MQ_WAVE / qgroups).max(1)) as u32, qgroups as u32, 1]
     } else if kernel.needs_coopmat {
+        let cap = INDEX_COOP_GROUPS.load(std::sync::atomic::Ordering::Relaxed);
         [tiles.clamp(1, cap) as u32, n_queries as u32, 1]
     } else {
         [tiles as u32, n_queries as u32, 1]
