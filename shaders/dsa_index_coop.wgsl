@@ -27,16 +27,7 @@
 enable f16;
 enable wgpu_cooperative_matrix;
 
-struct IndexParams {
-    n_queries: u32,
-    row_stride: u32,
-    q_pos0: u32,
-    n_pos: u32,
-    page0: u32,
-    shift_max: u32,
-    w_scale: f32,
-    q_bf16: u32, // 1: q and w rounded to bf16 at load (lib/index_query.wgsl)
-}
+#include "lib/index_params.wgsl"
 
 override QSPLIT: bool = true;
 override EXACT: bool = true;
@@ -69,8 +60,6 @@ var<workgroup> bad: array<u32, 64>;        // per tile position: key beyond the 
 #include "lib/page_locate.wgsl"
 #include "lib/index_coop_keys.wgsl"
 
-
-
 // This thread's loads of the tile at s0: 16-byte chunk lid % 16 of rows s0 + lid / 16 + 16 j.
 // One branch when they share a page (always, for pages of 128 rows or more), else one by one.
 fn load_tile(s0: u32, lid: u32) -> array<vec4<u32>, LOADS> {
@@ -85,9 +74,6 @@ fn load_tile(s0: u32, lid: u32) -> array<vec4<u32>, LOADS> {
         key_row(pos + 4u * ROWS, lid), key_row(pos + 5u * ROWS, lid), key_row(pos + 6u * ROWS, lid), key_row(pos + 7u * ROWS, lid),
     );
 }
-
-
-
 
 // q (scaled per head) into kt rows 0..31: its hi part, or with lo its residual.
 fn stage_q(t: u32, lid: u32, lo: bool) {

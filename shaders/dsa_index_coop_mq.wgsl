@@ -19,16 +19,7 @@
 enable f16;
 enable wgpu_cooperative_matrix;
 
-struct IndexParams {
-    n_queries: u32,
-    row_stride: u32,
-    q_pos0: u32,
-    n_pos: u32,
-    page0: u32,
-    shift_max: u32,
-    w_scale: f32,
-    q_bf16: u32, // 1: q and w rounded to bf16 at load (lib/index_query.wgsl)
-}
+#include "lib/index_params.wgsl"
 
 override QSPLIT: bool = true;
 override KEY_SCALE: f32 = 1024.0;
@@ -63,9 +54,6 @@ var<workgroup> bad: array<u32, 64>;          // per tile position: key beyond th
 #include "lib/page_locate.wgsl"
 #include "lib/index_coop_keys.wgsl"
 
-
-
-
 // This thread's loads of the tile at s0: chunk lid % 16 of rows s0 + lid / 16 + 16 j.
 fn load_tile(s0: u32, lid: u32) -> array<vec4<u32>, LOADS> {
     let pos = s0 + lid / 16u;
@@ -75,8 +63,6 @@ fn load_tile(s0: u32, lid: u32) -> array<vec4<u32>, LOADS> {
     }
     return array<vec4<u32>, LOADS>(key_row(pos, lid), key_row(pos + ROWS, lid), key_row(pos + 2u * ROWS, lid), key_row(pos + 3u * ROWS, lid));
 }
-
-
 
 // Dims 16 kk .. + 15 of every query's q (scaled per head) into kt: hi = the top 11 significant
 // bits (exact in f16), lo = the exact f32 residual.

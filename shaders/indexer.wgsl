@@ -13,16 +13,7 @@
 // workgroups for short rows.
 // index_scores_tiled (below): the same contract and preconditions, register-tiled.
 
-struct IndexParams {
-    n_queries: u32,
-    row_stride: u32,
-    q_pos0: u32,
-    n_pos: u32,
-    page0: u32,
-    shift_max: u32,
-    w_scale: f32,
-    q_bf16: u32, // 1: q and w rounded to bf16 at load (lib/index_query.wgsl)
-}
+#include "lib/index_params.wgsl"
 
 override IH: u32 = 32u;
 override ID: u32 = 128u;

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 shader_params!(
-    /// Mirrors `IndexParams` in shaders/indexer.wgsl.
+    /// Mirrors `IndexParams` in shaders/lib/index_params.wgsl.
     IndexParams in "indexer" {
         n_queries: u32, row_stride: u32, q_pos0: u32, n_pos: u32,
         page0: u32, shift_max: u32, w_scale: f32, q_bf16: u32,
