@@ -242,12 +242,6 @@ fn main() -> anyhow::Result<()> {
         topk_bench(&gpu, copy, wu, reps, quick, &mut rows)?;
         return save(json_out, &gpu, copy, &rows, serde_json::Value::Null);
     }
-    // --prefill-indexer: only the indexer over a block of prompt queries (rows and checks).
-    if args.iter().any(|a| a == "--prefill-indexer") {
-        let mut rows = Vec::new();
-        prefill_indexer_bench(&gpu, copy, wu, reps.min(10), quick, &mut rows)?;
-        return save(json_out, &gpu, copy, &rows, serde_json::Value::Null);
-    }
     let sizes: Vec<usize> = if smoke {
         vec![4096]
     } else if quick {
@@ -257,6 +251,13 @@ fn main() -> anyhow::Result<()> {
     let wkv_v = random(7, dims.heads * (dims.nope + dims.v_dim) * dims.latent);
     let wkv_b: Vec<u8> = wkv_v.iter().flat_map(|&x| half::bf16::from_f32(x * 0.05).to_le_bytes()).collect();
     let wkv = GpuTensor::upload(&gpu, "kv_b_proj", DType::BF16, &[dims.heads * (dims.nope + dims.v_dim), dims.latent], &wkv_b, None)?;
+    // --prefill-indexer: only a block of prompt queries' indexer (rows and checks), top-k and
+    // sparse MLA.
+    if args.iter().any(|a| a == "--prefill-indexer") {
+        let mut rows = Vec::new();
+        prefill_indexer_bench(&gpu, copy, wu, reps.min(10), quick, &mut rows, &dims, &wkv)?;
+        return save(json_out, &gpu, copy, &rows, serde_json::Value::Null);
+    }
     let mut rows = Vec::new();
     let push = |rows: &mut Vec<Row>, name: String, t: f64, bytes: f64| {
         let row = Row { name, time_us: t * 1e6, rate: bytes / t / 1e9, ceiling: copy, unit: "GB/s" };
@@ -506,8 +507,11 @@ fn main() -> anyhow::Result<()> {
 /// `--prefill-indexer`: the indexer for a prompt block of 512 queries (the last 512 positions
 /// of S, causal), each kernel timed in a pass of its own; rate = key bytes x queries (what the
 /// block's per-query scans read). The coop block kernel (8 queries per workgroup) is checked
-/// against the one-query coop kernel (same scheme: same scores) and SIMT in the same run.
-fn prefill_indexer_bench(gpu: &Gpu, copy: f64, wu: usize, reps: usize, quick: bool, rows: &mut Vec<Row>) -> anyhow::Result<()> {
+/// against the one-query coop kernel (same scheme: same scores) and SIMT in the same run. Then
+/// the rest of the block's sparse attention at that context: the top-2048 sets of its 512 rows
+/// and the sparse MLA over them (rate = selected rows' bytes).
+#[allow(clippy::too_many_arguments)]
+fn prefill_indexer_bench(gpu: &Gpu, copy: f64, wu: usize, reps: usize, quick: bool, rows: &mut Vec<Row>, dims: &MlaDims, wkv: &GpuTensor) -> anyhow::Result<()> {
     let t = 512;
     let sizes: Vec<usize> = if quick { vec![8192] } else { vec![1024, 2048, 4096, 8192, 32768, 131072] };
     let coop = dsa::coop_indexer_available(gpu, IH, ID);
@@ -544,6 +548,33 @@ fn prefill_indexer_bench(gpu: &Gpu, copy: f64, wu: usize, reps: usize, quick: bo
             report_check(format!("prefill indexer coop 8 vs 1 query per workgroup (exact), S={s}"), diff_text(&tail(&outs[2]), &tail(&outs[3]), 64, s - 64));
             report_check(format!("prefill indexer coop 8 vs 1 query per workgroup (q bf16), S={s}"), diff_text(&tail(&outs[4]), &tail(&outs[5]), 64, s - 64));
         }
+        drop(outs);
+        let k = TOPK;
+        let scores = gpu.storage("prefill scores", (t * s * 4) as u64);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        record_indexer(gpu, &mut enc, Indexer::Variant(IndexVariant::Auto), &keys, &q, &w, &scores, t, q_pos0, s, None)?;
+        gpu.queue.submit([enc.finish()]);
+        let scratch = TopkScratch::new(gpu, t, s, k)?;
+        let (sel, sel_s) = (gpu.storage("sel", (t * k * 4) as u64), gpu.storage("sel scores", (t * k * 4) as u64));
+        let time = time_gpu(gpu, wu, reps, |enc, prof| dsa::topk_set(gpu, enc, &scratch, &scores, s, t, q_pos0, s, &sel, &sel_s, prof))?;
+        let row = Row { name: format!("prefill top-{k} sets, {t} rows, S={s}"), time_us: time * 1e6, rate: (t * s * 4) as f64 / time / 1e9, ceiling: copy, unit: "GB/s" };
+        row.print();
+        rows.push(row);
+        drop((scores, scratch));
+        let mut cache = PagedRows::new(gpu, "latent", dims.width(), 1024, s)?;
+        cache.upload(gpu, &random(s as u64 + 1, s * dims.width()))?;
+        warm(gpu, &format!("prefill sparse MLA, S={s}"))?;
+        let qa = gpu.storage_from("qa", &random(3, t * dims.heads * dims.width()));
+        let gate = gpu.storage_from("gate", &random(4, t * dims.heads * dims.v_dim));
+        let part = gpu.storage("part", dsa::partial_bytes_max(dims, k, t) as u64);
+        let o = gpu.storage("o", (t * dims.heads * dims.v_dim * 4) as u64);
+        let lse = gpu.storage("lse", (t * dims.heads * 4) as u64);
+        let time = time_gpu(gpu, wu, reps, |enc, prof| {
+            dsa::mla_attention(gpu, enc, dims, &cache, &qa, Some((&sel, k)), wkv, Some(&gate), &part, &o, &lse, t, q_pos0, prof)
+        })?;
+        let row = Row { name: format!("prefill sparse MLA, {t} queries x {k} rows of 576, S={s}"), time_us: time * 1e6, rate: (t * k * dims.width() * 2) as f64 / time / 1e9, ceiling: copy, unit: "GB/s" };
+        row.print();
+        rows.push(row);
     }
     Ok(())
 }
