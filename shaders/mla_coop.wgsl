@@ -41,7 +41,7 @@ var<workgroup> sacc: array<f32, 4224>;       // logits' hi and lo parts [2][head
 var<workgroup> row_pg: array<u32, RMAX>;     // page of each row (NONE: no row)
 var<workgroup> row_bs: array<u32, RMAX>;     // its first 16-byte unit in the page
 var<workgroup> head_ml: array<vec2<f32>, HG>;
-var<workgroup> bad: u32;
+var<workgroup> bad: vec4<u32>; // .x (16 bytes: every workgroup variable a multiple of 16, as linear_coop found the fragments need)
 
 // 16-byte unit u of row r (zero for no row or past the row).
 fn row_unit(r: u32, u: u32, units: u32) -> vec4<u32> {
@@ -68,7 +68,7 @@ fn stage_unit(at: u32, x: vec4<u32>) {
     let a = first4(x);
     let b = last4(x);
     if (over_f16(a) || over_f16(b)) {
-        bad = 1u;
+        bad.x = 1u;
     }
     cst[at] = vec4<f16>(a);
     cst[at + 1u] = vec4<f16>(b);
@@ -139,7 +139,7 @@ fn mla_attend_coop(
         }
     }
     if (lid == 0u) {
-        bad = 0u;
+        bad.x = 0u;
     }
     workgroupBarrier();
 
@@ -163,7 +163,7 @@ fn mla_attend_coop(
         stage_unit((sr + 64u) * CS4 + 2u * su, x2);
         stage_unit((sr + 96u) * CS4 + 2u * su, x3);
         if (over_f16(xq)) {
-            bad = 1u;
+            bad.x = 1u;
         }
         let qhi = hi_part(xq);
         qp[qh * QS4 + qv] = vec4<f16>(qhi);
@@ -200,7 +200,7 @@ fn mla_attend_coop(
     coopStoreT(s_hi, &sacc[sg * 16u], SST);
     coopStoreT(s_lo, &sacc[HG * SST + sg * 16u], SST);
     workgroupBarrier();
-    let exact = workgroupUniformLoad(&bad) != 0u;
+    let exact = workgroupUniformLoad(&bad).x != 0u;
     if (exact) {
         // f32 logits from the bf16 rows: thread (head lid / 16) rows lid % 16 + 16 j.
         for (var j = 0u; j < 8u; j++) {

@@ -625,7 +625,7 @@ fn coop_attention_matches_the_reference() {
         for big in [false, true] {
             if big {
                 // Beyond f16 (65504): a selected row's latent value and a q_pe value of query 1.
-                rows[sel[5] as usize * d.width() + 7] = 1.5e5;
+                rows[sel[5] as usize * d.width() + 7] = 147456.0; // 1.125 * 2^17: exact in bf16, as the cache stores it
                 q[qw + d.nope + 1] = 2e6;
             }
             let cache = upload_rows(&g, "latent", &rows, d.width(), 16);
