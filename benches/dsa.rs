@@ -393,14 +393,24 @@ fn main() -> anyhow::Result<()> {
             let lse = gpu.storage("lse", (dims.heads * 4) as u64);
             let o_ref = gpu.storage("o per-head", (dims.heads * dims.v_dim * 4) as u64);
             let lse_ref = gpu.storage("lse per-head", (dims.heads * 4) as u64);
-            for (v, label) in [(dsa::MlaVariant::PerHead, "per head"), (dsa::MlaVariant::Tiled, "tiled, 16 heads per workgroup")] {
+            let mut mla_variants = vec![(dsa::MlaVariant::PerHead, "per head"), (dsa::MlaVariant::Tiled, "tiled, 16 heads per workgroup")];
+            if dsa::coop_attention_available(&gpu, &dims) {
+                mla_variants.push((dsa::MlaVariant::Coop, "coop, 16 heads per workgroup"));
+            }
+            for &(v, label) in &mla_variants {
                 let (ob, lb) = if v == dsa::MlaVariant::PerHead { (&o_ref, &lse_ref) } else { (&o, &lse) };
                 let t = time_gpu(&gpu, wu, reps, |enc, prof| {
                     dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, ob, lb, 1, s - 1, prof, None)
                 })?;
                 out.push((format!("sparse MLA {label}, {k} rows of 576, S={s}"), t, (k * dims.width() * 2) as f64));
+                if v != dsa::MlaVariant::PerHead {
+                    let (a, b) = (gpu.read::<f32>(&o_ref, dims.heads * dims.v_dim)?, gpu.read::<f32>(ob, dims.heads * dims.v_dim)?);
+                    let num: f64 = a.iter().zip(&b).map(|(&x, &y)| (x as f64 - y as f64).powi(2)).sum();
+                    let den: f64 = a.iter().map(|&x| (x as f64).powi(2)).sum();
+                    report_check(format!("sparse MLA {label} vs per head, S={s}"), format!("o rel L2 {:.2e}", (num / den.max(1e-300)).sqrt()));
+                }
             }
-            for v in [dsa::MlaVariant::PerHead, dsa::MlaVariant::Tiled] {
+            for &(v, _) in &mla_variants {
                 let b = breakdown(&gpu, |enc, prof| {
                     dsa::mla_attention_variant(&gpu, enc, v, &dims, &cache, &qa, Some((&sel, k)), &wkv, Some(&gate), &part, &o, &lse, 1, s - 1, prof, None)
                 })?;

@@ -602,6 +602,72 @@ fn attention_at_the_k31_row_width() {
     }
 }
 
+/// The cooperative-matrix attention (where the adapter has it: the H200, not lavapipe) against
+/// the f64 reference: K3.1's row width with two head groups, a short awkward width, sparse with
+/// -1 padding and dense, several queries; a row value and a q value beyond f16's range (the
+/// workgroup's f32 path); and the calls whose splits are too long for it run the tiled kernel.
+#[test]
+fn coop_attention_matches_the_reference() {
+    let Some(g) = gpu() else { return };
+    let shapes = [
+        MlaDims { heads: 32, latent: 512, rope: 64, nope: 16, v_dim: 24, scale: 80f32.powf(-0.5) },
+        MlaDims { heads: 16, latent: 128, rope: 24, nope: 40, v_dim: 8, scale: 64f32.powf(-0.5) },
+    ];
+    if !dsa::coop_attention_available(&g, &shapes[0]) {
+        eprintln!("no cooperative-matrix attention on this adapter: skipped");
+        return;
+    }
+    for (n, d) in shapes.iter().enumerate() {
+        let rd = refdsa::Dims { heads: d.heads, latent: d.latent, rope: d.rope, nope: d.nope, v_dim: d.v_dim, scale: d.scale as f64 };
+        let s_len = 1203;
+        let mut rows = bf16_round(&random_vec(40 + n as u64, s_len * d.width()));
+        let (t, pos0, k) = (3, s_len - 3, 1000);
+        let mut q = random_vec(50 + n as u64, t * d.heads * (d.nope + d.rope));
+        let qw = d.heads * (d.nope + d.rope);
+        let mut sel = Vec::new();
+        for i in 0..t {
+            let mut s: Vec<i32> = (0..k as i32).map(|j| (j * 61 + i as i32 * 11) % (pos0 + i + 1) as i32).collect();
+            s.sort();
+            s.dedup();
+            s.resize(k, -1);
+            sel.extend(s);
+        }
+        for big in [false, true] {
+            if big {
+                // Beyond f16 (65504): a selected row's latent value and a q_pe value of query 1.
+                rows[sel[5] as usize * d.width() + 7] = 147456.0; // 1.125 * 2^17: exact in bf16, as the cache stores it
+                q[qw + d.nope + 1] = 2e6;
+            }
+            let cache = upload_rows(&g, "latent", &rows, d.width(), 16);
+            let wkv_f = bf16_round(&random_vec(60 + n as u64, d.heads * (d.nope + d.v_dim) * d.latent));
+            let wkv = upload_bf16(&g, "kv_b", &[d.heads * (d.nope + d.v_dim), d.latent], &wkv_f);
+            let splits = dsa::attend_splits(d, k, t);
+            assert_eq!(dsa::MlaVariant::Coop.resolved(&g, d, k, splits), dsa::MlaVariant::Coop, "{d:?}: k {k} in {splits} splits");
+            let (o, lse) = gpu_mla_v(&g, dsa::MlaVariant::Coop, d, &cache, &q, &wkv, Some((&sel, k)), t, pos0);
+            let (od, _) = gpu_mla_v(&g, dsa::MlaVariant::Coop, d, &cache, &q, &wkv, None, t, pos0);
+            for i in 0..t {
+                let s: Vec<usize> = sel[i * k..(i + 1) * k].iter().filter(|&&s| s >= 0).map(|&s| s as usize).collect();
+                let (want, wl) = refdsa::sparse_mla_absorbed(&rd, &q[i * qw..(i + 1) * qw], &rows, &wkv_f, &s);
+                let e = rel_l2(&o[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim], &want);
+                assert!(e <= 1e-5, "{d:?} big {big}: coop sparse row {i}: rel err {e}");
+                for h in 0..d.heads {
+                    assert!((lse[i * d.heads + h] as f64 - wl[h]).abs() <= 1e-4 * wl[h].abs().max(1.0), "coop lse");
+                }
+                let all: Vec<usize> = (0..=pos0 + i).collect();
+                let (want, _) = refdsa::sparse_mla_absorbed(&rd, &q[i * qw..(i + 1) * qw], &rows, &wkv_f, &all);
+                let e = rel_l2(&od[i * d.heads * d.v_dim..(i + 1) * d.heads * d.v_dim], &want);
+                assert!(e <= 1e-5, "{d:?} big {big}: coop dense row {i}: rel err {e}");
+            }
+        }
+    }
+    assert!(g.pipelines.is_built("mla_attend_coop"));
+    // A prefill block's splits hold more rows than a workgroup's eight tiles: the tiled kernel.
+    let d = &shapes[0];
+    let splits = dsa::attend_splits(d, 2048, 64);
+    assert_eq!(dsa::MlaVariant::Coop.resolved(&g, d, 2048, splits), dsa::MlaVariant::Tiled);
+    assert_eq!(dsa::MlaVariant::Coop.resolved(&g, &MlaDims { heads: 12, ..*d }, 100, 1), dsa::MlaVariant::Tiled);
+}
+
 #[test]
 fn paged_cache_accounting_and_geometry() {
     let Some(g) = gpu() else { return };
@@ -1096,6 +1162,165 @@ fn global_prep_matches_reference() {
         if with_key {
             let rows = keys.download_bf16(&gpu, pos + 1).expect("download");
             check_row("index key", &rows[pos * id * 2..], &refdsa::layer_norm(&f64s(&ki), &g_k, &b_k, k_eps as f64));
+        }
+    }
+}
+
+#[test]
+fn zz_coop_probe() {
+    let Some(g) = gpu() else { return };
+    let d = MlaDims { heads: 16, latent: 128, rope: 16, nope: 16, v_dim: 16, scale: 32f32.powf(-0.5) };
+    if !dsa::coop_attention_available(&g, &d) {
+        return;
+    }
+    for (n_rows, t) in [(8usize, 1usize), (40, 1), (300, 1)] {
+        let rows = bf16_round(&random_vec(7, n_rows * d.width()));
+        let cache = upload_rows(&g, "latent", &rows, d.width(), 16);
+        let wkv_f = bf16_round(&random_vec(8, d.heads * (d.nope + d.v_dim) * d.latent));
+        let wkv = upload_bf16(&g, "kv_b", &[d.heads * (d.nope + d.v_dim), d.latent], &wkv_f);
+        let q = random_vec(9, t * d.heads * (d.nope + d.rope));
+        let (o1, l1) = gpu_mla_v(&g, dsa::MlaVariant::Tiled, &d, &cache, &q, &wkv, None, t, n_rows - t);
+        let (o2, l2) = gpu_mla_v(&g, dsa::MlaVariant::Coop, &d, &cache, &q, &wkv, None, t, n_rows - t);
+        let o1d: Vec<f64> = o1.iter().map(|&x| x as f64).collect();
+        eprintln!("PROBE rows {n_rows}: o rel {:.3e}; lse tiled {:?} coop {:?}", rel_l2(&o2, &o1d), &l1[..4], &l2[..4]);
+        eprintln!("PROBE   o tiled {:?} coop {:?}", &o1[..6], &o2[..6]);
+    }
+}
+
+#[test]
+fn zz_coop_probe2() {
+    let Some(g) = gpu() else { return };
+    let d = MlaDims { heads: 16, latent: 128, rope: 16, nope: 16, v_dim: 16, scale: 1.0 };
+    if !dsa::coop_attention_available(&g, &d) {
+        return;
+    }
+    let wkv_f = bf16_round(&random_vec(8, d.heads * (d.nope + d.v_dim) * d.latent));
+    let wkv = upload_bf16(&g, "kv_b", &[d.heads * (d.nope + d.v_dim), d.latent], &wkv_f);
+    for case in 0..3 {
+        let n_rows = 1;
+        let mut rows = vec![0f32; d.width()];
+        let mut q = vec![0f32; d.heads * (d.nope + d.rope)];
+        match case {
+            0 => {
+                rows = bf16_round(&random_vec(7, d.width()));
+                q = random_vec(9, q.len());
+            }
+            1 => {
+                for j in 0..16 {
+                    rows[d.latent + j] = (j + 1) as f32;
+                }
+                for h in 0..16 {
+                    q[h * 32 + 16 + h] = 1.0;
+                }
+            }
+            _ => {
+                for j in 0..16 {
+                    rows[d.latent + j] = (j + 1) as f32;
+                    rows[j] = 100.0 * (j + 1) as f32;
+                }
+                for h in 0..16 {
+                    q[h * 32 + 16 + h] = 1.0;
+                }
+            }
+        }
+        let cache = upload_rows(&g, "latent", &rows, d.width(), 16);
+        let (o1, l1) = gpu_mla_v(&g, dsa::MlaVariant::Tiled, &d, &cache, &q, &wkv, None, 1, 0);
+        let (o2, l2) = gpu_mla_v(&g, dsa::MlaVariant::Coop, &d, &cache, &q, &wkv, None, 1, 0);
+        eprintln!("PROBE2 case {case}: lse tiled {:?}\nPROBE2    coop {:?}", l1, l2);
+        eprintln!("PROBE2   o tiled {:?}\nPROBE2   o coop {:?}", &o1[..8], &o2[..8]);
+    }
+}
+
+#[test]
+fn zz_coop_fit() {
+    let (heads, latent, rope, nope, v) = (16usize, 128usize, 16usize, 16usize, 16usize);
+    let width = latent + rope;
+    let wkv = bf16_round(&random_vec(8, heads * (nope + v) * latent));
+    let row = bf16_round(&random_vec(7, width));
+    let q = random_vec(9, heads * (nope + rope));
+    let coop = [-13.06633f64, 3.3685849, 10.713927, -3.0311844, -1.1087312, 7.5755773, -5.5394087, -8.848722, -0.082828425, 16.053396, 0.10716297, 23.233278, 12.530646, 0.2516898, -11.844274, 7.008699];
+    let mut qa = vec![0f64; heads * width];
+    for h in 0..heads {
+        for j in 0..latent {
+            let mut s = 0.0;
+            for i in 0..nope {
+                s += wkv[(h * (nope + v) + i) * latent + j] as f64 * q[h * (nope + rope) + i] as f64;
+            }
+            qa[h * width + j] = s;
+        }
+        for j in 0..rope {
+            qa[h * width + latent + j] = q[h * (nope + rope) + nope + j] as f64;
+        }
+    }
+    // Blocks of 16 dims: M[h][b][b'] = qa_h[block b] . row[block b'].
+    let nb = width / 16;
+    let m = |h: usize, b: usize, b2: usize| -> f64 { (0..16).map(|i| qa[h * width + b * 16 + i] * row[b2 * 16 + i] as f64).sum() };
+    for h in 0..4 {
+        let t: f64 = (0..nb).map(|b| m(h, b, b)).sum();
+        eprintln!("FIT head {h}: true {t:.4} coop {:.4}; diag {:?}", coop[h], (0..nb).map(|b| (m(h, b, b) * 1000.0).round() / 1000.0).collect::<Vec<_>>());
+    }
+    // Least squares over per-block coefficients of the diagonal terms (9 unknowns, 16 heads).
+    let mut ata = vec![vec![0f64; nb]; nb];
+    let mut atb = vec![0f64; nb];
+    for h in 0..heads {
+        for i in 0..nb {
+            atb[i] += m(h, i, i) * coop[h];
+            for j in 0..nb {
+                ata[i][j] += m(h, i, i) * m(h, j, j);
+            }
+        }
+    }
+    // Gaussian elimination.
+    for c in 0..nb {
+        let piv = ata[c][c];
+        for r in 0..nb {
+            if r != c {
+                let f = ata[r][c] / piv;
+                for k in 0..nb {
+                    ata[r][k] -= f * ata[c][k];
+                }
+                atb[r] -= f * atb[c];
+            }
+        }
+    }
+    let coef: Vec<f64> = (0..nb).map(|i| (atb[i] / ata[i][i] * 1000.0).round() / 1000.0).collect();
+    let resid: f64 = (0..heads).map(|h| { let f: f64 = (0..nb).map(|i| atb[i] / ata[i][i] * m(h, i, i)).sum(); (f - coop[h]).powi(2) }).sum();
+    eprintln!("FIT diag coefficients {coef:?} residual {resid:.3e}");
+}
+
+#[test]
+fn zz_coop_probe3() {
+    let Some(g) = gpu() else { return };
+    let d = MlaDims { heads: 16, latent: 128, rope: 16, nope: 16, v_dim: 16, scale: 1.0 };
+    if !dsa::coop_attention_available(&g, &d) {
+        return;
+    }
+    let w = d.width();
+    let wkv_f = bf16_round(&random_vec(8, d.heads * (d.nope + d.v_dim) * d.latent));
+    let wkv = upload_bf16(&g, "kv_b", &[d.heads * (d.nope + d.v_dim), d.latent], &wkv_f);
+    let rows: Vec<f32> = (0..w).map(|j| (j + 1) as f32).collect();
+    let cache = upload_rows(&g, "latent", &rows, w, 16);
+    for case in 0..3 {
+        let mut qa = vec![0f32; d.heads * w];
+        for h in 0..16 {
+            match case {
+                0 => qa[h * w + 9 * h] = 1.0,
+                1 => (0..9).for_each(|b| qa[h * w + 16 * b + h] = 1.0),
+                _ => qa[h * w + h] = 1.0,
+            }
+        }
+        let qab = g.storage_from("qa", &qa);
+        let part = g.storage("part", dsa::partial_bytes(&d, 1, dsa::attend_splits(&d, 1, 1)) as u64);
+        let o = g.storage("o", (d.heads * d.v_dim * 4) as u64);
+        let lse = g.storage("lse", (d.heads * 4) as u64);
+        for v in [dsa::MlaVariant::Tiled, dsa::MlaVariant::Coop] {
+            let mut enc = g.device.create_command_encoder(&Default::default());
+            dsa::mla_attention_variant(&g, &mut enc, v, &d, &cache, &qab, None, &wkv, None, &part, &o, &lse, 1, 0, None, None).expect("attention");
+            g.queue.submit([enc.finish()]);
+            let l = g.read::<f32>(&lse, d.heads).expect("lse");
+            let pa = g.read::<f32>(&part, 1200).expect("part");
+            let pa = [&pa[..40], &pa[1000..1072], &pa[1100..1172]].concat();
+            eprintln!("PROBE3 case {case} {v:?}: lse {l:?}\nPROBE3   part[0..40] {pa:?}");
         }
     }
 }

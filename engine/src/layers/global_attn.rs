@@ -533,7 +533,7 @@ impl GlobalAttn {
                 Some(_) => Some(&mut gate_gemv),
                 None => None,
             };
-            let variant = dsa::MlaVariant::default_for(gpu)?;
+            let variant = dsa::MlaVariant::auto(gpu, &dm)?;
             let (latent, kv_b) = (&cache.latent, &self.kv_b);
             dsa::mla_attention_variant(gpu, enc, variant, &dm, latent, &qa_b, sel_arg, kv_b, gate_b, &part, &o_b, &lse_b, nb, qpos, prof.as_deref_mut(), between)?;
             copy_rows(enc, &o_b, &o, vo, t0, nb, true);

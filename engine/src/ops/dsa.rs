@@ -168,6 +168,9 @@ pub const MLA_ABSORB: Kernel = Kernel::new("mla_absorb", "mla", "mla_absorb").un
 /// The simple per-head attention (one workgroup per split and head), kept for debugging.
 pub const MLA_ATTEND: Kernel = Kernel::new("mla_attend", "mla", "mla_attend");
 pub const MLA_ATTEND_TILED: Kernel = Kernel::new("mla_attend_tiled", "mla", "mla_attend_tiled").unchecked();
+/// The attention on cooperative matrices (mla_coop.wgsl): q and p split into hi + lo f16 parts,
+/// splits of at most [`MLA_COOP_ROWS`] rows; see [`MlaVariant::Coop`].
+pub const MLA_ATTEND_COOP: Kernel = Kernel::new("mla_attend_coop", "mla_coop", "mla_attend_coop").coopmat().subgroups().unchecked();
 pub const MLA_MERGE_OUT: Kernel = Kernel::new("mla_merge_out", "mla", "mla_merge_out").unchecked();
 /// Bench variant: 64 W_UV rows per workgroup (half the workgroups, half the partial re-reads).
 pub const MLA_MERGE_OUT_64: Kernel = Kernel::new("mla_merge_out_64", "mla", "mla_merge_out")
@@ -221,6 +224,7 @@ pub const KERNELS: &[Kernel] = &[
     MLA_ABSORB,
     MLA_ATTEND,
     MLA_ATTEND_TILED,
+    MLA_ATTEND_COOP,
     MLA_MERGE_OUT,
     MLA_MERGE_OUT_64,
     MLA_ABSORB_CHECKED,
@@ -1173,15 +1177,61 @@ pub enum MlaVariant {
     /// One workgroup per (split, head): every selected row staged once per head (simple;
     /// kept for debugging).
     PerHead,
-    /// One workgroup per (split, 16 heads), register-tiled logits and p.c (the default;
-    /// 28.5 KB of workgroup memory, so it fits 32 KiB adapters).
+    /// One workgroup per (split, 16 heads), register-tiled logits and p.c (the portable
+    /// default; 28.5 KB of workgroup memory, so it fits 32 KiB adapters).
     Tiled,
+    /// One workgroup per (split, 16 heads) on cooperative matrices, f32-accurate (q and p in
+    /// hi + lo f16 parts): where [`coop_attention_available`], for calls whose splits have at
+    /// most [`MLA_COOP_ROWS`] rows (decode); other calls run [`MlaVariant::Tiled`].
+    Coop,
+}
+
+/// Rows a split of the coop attention may have (mla_coop.wgsl RMAX: a 16-row tile per subgroup).
+pub const MLA_COOP_ROWS: usize = 128;
+
+/// Rows per split of the coop attention (the share rounded up to its 16-row tiles).
+fn coop_rows_per_split(n_sel: usize, splits: usize) -> usize {
+    n_sel.div_ceil(splits.max(1)).div_ceil(16) * 16
+}
+
+/// The coop attention needs cooperative matrices, 32-wide subgroups (8 per workgroup), whole
+/// 16-head groups, a latent width in whole 128-column steps (a 16-column tile per subgroup
+/// each), and its 44 KB of workgroup memory.
+pub fn coop_attention_available(gpu: &Gpu, dims: &MlaDims) -> bool {
+    gpu.caps.coopmat
+        && gpu.caps.subgroups
+        && gpu.caps.subgroup_min == 32
+        && gpu.caps.subgroup_max == 32
+        && dims.heads.is_multiple_of(16)
+        && dims.latent.is_multiple_of(128)
+        && gpu.pipelines.fits(gpu, &MLA_ATTEND_COOP).unwrap_or(false)
 }
 
 impl MlaVariant {
     /// Tiled where its workgroup memory fits the adapter, else per head.
     pub fn default_for(gpu: &Gpu) -> Result<MlaVariant, GpuError> {
         Ok(if gpu.pipelines.fits(gpu, &MLA_ATTEND_TILED)? { MlaVariant::Tiled } else { MlaVariant::PerHead })
+    }
+
+    /// What the model runs: coop where [`coop_attention_available`] (unless `K31_MLA_COOP=0`),
+    /// else [`MlaVariant::default_for`].
+    pub fn auto(gpu: &Gpu, dims: &MlaDims) -> Result<MlaVariant, GpuError> {
+        static OFF: OnceLock<bool> = OnceLock::new();
+        let off = *OFF.get_or_init(|| std::env::var("K31_MLA_COOP").is_ok_and(|v| v == "0"));
+        if !off && coop_attention_available(gpu, dims) {
+            return Ok(MlaVariant::Coop);
+        }
+        MlaVariant::default_for(gpu)
+    }
+
+    /// The kernel a call of `n_sel` rows per query in `splits` splits runs with this variant.
+    pub fn resolved(self, gpu: &Gpu, dims: &MlaDims, n_sel: usize, splits: usize) -> MlaVariant {
+        match self {
+            MlaVariant::Coop if !coop_attention_available(gpu, dims) || coop_rows_per_split(n_sel, splits) > MLA_COOP_ROWS => {
+                MlaVariant::Tiled
+            }
+            v => v,
+        }
     }
 }
 
@@ -1206,7 +1256,7 @@ pub fn mla_attention(
     q_pos0: usize,
     profiler: Option<&mut Profiler>,
 ) -> Result<(), GpuError> {
-    let variant = MlaVariant::default_for(gpu)?;
+    let variant = MlaVariant::auto(gpu, dims)?;
     mla_attention_variant(gpu, enc, variant, dims, cache, qa, sel, kv_b, gate, part, o, lse, n_queries, q_pos0, profiler, None)
 }
 
@@ -1276,9 +1326,10 @@ pub fn mla_attention_variant(
     let slots = cache.slots();
     let tuning = mla_tuning();
     let tiled = if tuning.checked { MLA_ATTEND_TILED_CHECKED } else { MLA_ATTEND_TILED };
-    let (kernel, head_groups, mut entries) = match variant {
+    let (kernel, head_groups, mut entries) = match variant.resolved(gpu, dims, max_sel, splits) {
         MlaVariant::PerHead => (MLA_ATTEND, dims.heads, vec![(3, qa), (4, sel_buf), (5, part)]),
         MlaVariant::Tiled => (tiled, dims.heads.div_ceil(MLA_HG), vec![(27, qa), (4, sel_buf), (26, part)]),
+        MlaVariant::Coop => (MLA_ATTEND_COOP, dims.heads / MLA_HG, vec![(27, qa), (4, sel_buf), (5, part)]),
     };
     entries.extend(slots.iter().enumerate().map(|(i, b)| (6 + i as u32, *b)));
     let groups = [splits as u32, head_groups as u32, n_queries as u32];
