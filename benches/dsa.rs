@@ -566,10 +566,38 @@ fn prefill_indexer_bench(gpu: &Gpu, copy: f64, wu: usize, reps: usize, quick: bo
         gpu.queue.submit([enc.finish()]);
         let scratch = TopkScratch::new(gpu, t, s, k)?;
         let (sel, sel_s) = (gpu.storage("sel", (t * k * 4) as u64), gpu.storage("sel scores", (t * k * 4) as u64));
+        // The checks above kept the host busy and the GPU idle (its clock drops).
+        warm(gpu, &format!("prefill top-k, S={s}"))?;
         let time = time_gpu(gpu, wu, reps, |enc, prof| dsa::topk_set(gpu, enc, &scratch, &scores, s, t, q_pos0, s, &sel, &sel_s, prof))?;
         let row = Row { name: format!("prefill top-{k} sets, {t} rows, S={s}"), time_us: time * 1e6, rate: (t * s * 4) as f64 / time / 1e9, ceiling: copy, unit: "GB/s" };
         row.print();
         rows.push(row);
+        // The block's last row (valid over all of S) and its selection, then that row alone as a
+        // decode step selects it (the acceptance row's scores are uniform random; an indexer's
+        // fill its first-digit bins differently).
+        let one = gpu.storage("one row", (s * 4) as u64);
+        let one_sel = gpu.storage("one row's selection", (k * 4) as u64);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        gpu.copy_buffer(&mut enc, &scores, ((t - 1) * s * 4) as u64, &one, 0, (s * 4) as u64);
+        gpu.copy_buffer(&mut enc, &sel, ((t - 1) * k * 4) as u64, &one_sel, 0, (k * 4) as u64);
+        gpu.queue.submit([enc.finish()]);
+        let scratch1 = TopkScratch::new(gpu, 1, s, k)?;
+        let time = time_gpu(gpu, wu, reps, |enc, prof| dsa::topk_set(gpu, enc, &scratch1, &one, s, 1, s - 1, s, &sel, &sel_s, prof))?;
+        let row = Row { name: format!("top-{k} set of one row of indexer scores, S={s}"), time_us: time * 1e6, rate: (s * 4) as f64 / time / 1e9, ceiling: copy, unit: "GB/s" };
+        row.print();
+        rows.push(row);
+        report_check(format!("prefill top-{k} sets, last row, S={s}"), check_topk_set(gpu, &one, s, &one_sel, k)?);
+        report_check(format!("top-{k} set of one row of indexer scores, S={s}"), check_topk_set(gpu, &one, s, &sel, k)?);
+        // How the row fills the select's first digit (the top 12 bits of the order-preserving
+        // key): the k-th score's bin is what the gather lists and its last workgroup refines.
+        let v: Vec<f32> = if s > k { gpu.read(&one, s)? } else { Vec::new() };
+        let okey = |x: f32| { let b = x.to_bits(); if b >> 31 == 0 { b | 0x8000_0000 } else { !b } };
+        let mut keys: Vec<u32> = v.iter().map(|&x| okey(x)).collect();
+        keys.sort_unstable_by(|a, b| b.cmp(a));
+        let kth = keys.get(k - 1).copied().unwrap_or(0);
+        let in_bin = keys.iter().filter(|&&x| x >> 20 == kth >> 20).count();
+        let tied = keys.iter().filter(|&&x| x == kth).count();
+        println!("  row of indexer scores, S={s}: the k-th score's first-digit bin holds {in_bin} positions, {tied} tied with it");
         drop((scores, scratch));
         let mut cache = PagedRows::new(gpu, "latent", dims.width(), 1024, s)?;
         cache.upload(gpu, &random(s as u64 + 1, s * dims.width()))?;
