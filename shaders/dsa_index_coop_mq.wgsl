@@ -46,7 +46,7 @@ const ROWS: u32 = 16u;  // tile rows one load step covers: WG / 16
 var<workgroup> kt: array<vec4<f16>, 2176>;
 var<workgroup> cs: array<vec4<f32>, 1280>;  // per subgroup two 16 x 16 tiles (head halves), positions CS4 apart
 var<workgroup> ws: array<f32, 256>;         // [query, head]: weight x w_scale
-var<workgroup> hs: array<f32, 256>;         // [query, head]: undoes the q and key scales
+var<workgroup> wh: array<f32, 256>;         // [query, head]: weight with the q and key scales undone
 var<workgroup> qs: array<f32, 256>;         // [query, head]: q's power-of-two scale
 var<workgroup> qmb: array<atomic<u32>, 256>; // [query, head]: max |q| as f32 bits
 var<workgroup> bad: array<u32, 64>;          // per tile position: key beyond the exact range
@@ -126,7 +126,7 @@ fn index_scores_coop_mq(
         }
         ws[lid] = wt;
         qs[lid] = ldexp(1.0, e);
-        hs[lid] = ldexp(1.0, -e) / KEY_SCALE;
+        wh[lid] = wt * (ldexp(1.0, -e) / KEY_SCALE);
     }
     workgroupBarrier();
     // (Spelled out: fragments in a private array would go to local memory on this driver.)
@@ -188,10 +188,10 @@ fn index_scores_coop_mq(
     // This lane's heads' weights with the scales undone (a power of two: the same products as
     // weight x ReLU(c x scale)): heads 8 (lane / 16) .. + 7 of each half.
     let hw = sg * IH + (lane / 16u) * 8u;
-    let wa0 = vec4<f32>(ws[hw], ws[hw + 1u], ws[hw + 2u], ws[hw + 3u]) * vec4<f32>(hs[hw], hs[hw + 1u], hs[hw + 2u], hs[hw + 3u]);
-    let wa1 = vec4<f32>(ws[hw + 4u], ws[hw + 5u], ws[hw + 6u], ws[hw + 7u]) * vec4<f32>(hs[hw + 4u], hs[hw + 5u], hs[hw + 6u], hs[hw + 7u]);
-    let wb0 = vec4<f32>(ws[hw + 16u], ws[hw + 17u], ws[hw + 18u], ws[hw + 19u]) * vec4<f32>(hs[hw + 16u], hs[hw + 17u], hs[hw + 18u], hs[hw + 19u]);
-    let wb1 = vec4<f32>(ws[hw + 20u], ws[hw + 21u], ws[hw + 22u], ws[hw + 23u]) * vec4<f32>(hs[hw + 20u], hs[hw + 21u], hs[hw + 22u], hs[hw + 23u]);
+    let wa0 = vec4<f32>(wh[hw], wh[hw + 1u], wh[hw + 2u], wh[hw + 3u]);
+    let wa1 = vec4<f32>(wh[hw + 4u], wh[hw + 5u], wh[hw + 6u], wh[hw + 7u]);
+    let wb0 = vec4<f32>(wh[hw + 16u], wh[hw + 17u], wh[hw + 18u], wh[hw + 19u]);
+    let wb1 = vec4<f32>(wh[hw + 20u], wh[hw + 21u], wh[hw + 22u], wh[hw + 23u]);
     let tiles = (p.n_pos + TILE - 1u) / TILE;
     let t = t0 + sg;
     let live = t < p.n_queries;

@@ -787,7 +787,7 @@ pub fn index_scores_kernel(
     let mut entries = vec![(1, q), (2, w), (3, scores)];
     entries.extend(slots.iter().enumerate().map(|(i, b)| (4 + i as u32, *b)));
     let tiles = n_pos.div_ceil(index_tile(&kernel));
-    let groups = if kernel.name.starts_with("index_scores_coop_mq") {
+    let groups = if kernel.entry == INDEX_SCORES_COOP_MQ.entry {
         // One wave over all query groups (each grid-strides over the tiles).
         let qgroups = n_queries.div_ceil(COOP_MQ_QUERIES);
         [tiles.clamp(1, (COOP_MQ_WAVE / qgroups).max(1)) as u32, qgroups as u32, 1]
